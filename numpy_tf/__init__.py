@@ -1,0 +1,20 @@
+"""numpy_tf: a pure-NumPy Transformer whose every layer has a hand-written forward and backward,
+checked by finite differences and against PyTorch.
+
+    out, cache = layer.forward(*inputs)       # the cache is returned, never kept on the layer
+    dinputs = layer.backward(dout, cache)     # parameter gradients are added into Parameter.grad
+
+See SPEC (the promises) in the README, and `numpy-tf check` for the proof.
+"""
+from .core import Module, ModuleList, Parameter, Sequential
+from .activations import (GELU, ReLU, SiLU, gelu_backward, gelu_forward, relu_backward,
+                          relu_forward, silu_backward, silu_forward)
+from .embedding import Embedding, embedding_backward, embedding_forward
+from .gradcheck import GradcheckReport, gradcheck, gradcheck_module
+from .linear import Linear, linear_backward, linear_forward
+from .loss import cross_entropy, cross_entropy_backward, cross_entropy_forward
+from .softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
+                      softmax_forward)
+from .special import erf, erfc
+
+__version__ = "0.1.0"

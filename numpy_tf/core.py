@@ -1,0 +1,232 @@
+"""The core every layer stands on: Parameter, Module, and the two containers.
+
+A Parameter holds an array (`data`) and the gradient accumulated into it (`grad`, same shape and
+dtype). A Module owns Parameters and other Modules as attributes; their torch-style names are the
+attribute paths (`blocks.0.attention.qkv.weight`), so a torch state_dict loads as is.
+
+The forward/backward contract (SPEC §3):
+
+    out, cache = layer.forward(*inputs)        # the cache is returned, never kept on the layer
+    dinputs = layer.backward(dout, cache)      # parameter gradients are ADDED into Parameter.grad
+
+This file imports nothing of numpy_tf.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Iterator, Mapping
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def float_dtype(dtype) -> np.dtype:
+    """The numpy dtype for `dtype`, which must be float32 or float64."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float32 or float64; got {dtype!r}") from None
+    if resolved not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32 or float64; got {resolved}")
+    return resolved
+
+
+class Parameter:
+    """A trainable array and its gradient. `grad` starts at zero and only ever grows by `+=`."""
+
+    __slots__ = ("data", "grad")
+
+    def __init__(self, data: np.ndarray):
+        if not isinstance(data, np.ndarray) or data.dtype not in FLOAT_DTYPES:
+            raise TypeError("Parameter data must be a float32 or float64 numpy array; "
+                            f"got {getattr(data, 'dtype', type(data).__name__)}")
+        self.data = data
+        self.grad = np.zeros_like(data)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
+
+
+class Module:
+    """A holder of Parameters and sub-Modules, named by attribute path as torch names them.
+
+    Subclasses call `super().__init__(dtype)` first, then assign Parameters and Modules as
+    attributes. Like torch, a module lists its own Parameters before those of its children,
+    each group in assignment order.
+    """
+
+    def __init__(self, dtype=np.float64):
+        self.dtype = float_dtype(dtype)
+
+    # -- what the module holds --------------------------------------------------------------
+    def _own(self) -> Iterator[tuple[str, object]]:
+        for name, value in vars(self).items():
+            if isinstance(value, (Parameter, Module)):
+                yield name, value
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        """(name, module) for this module ("" or `prefix`) and every module below it."""
+        yield prefix, self
+        for name, value in self._own():
+            if isinstance(value, Module):
+                yield from value.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def _named_parameters_all(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        own = [(n, v) for n, v in self._own() if isinstance(v, Parameter)]
+        children = [(n, v) for n, v in self._own() if isinstance(v, Module)]
+        for name, parameter in own:
+            yield (f"{prefix}.{name}" if prefix else name), parameter
+        for name, child in children:
+            yield from child._named_parameters_all(f"{prefix}.{name}" if prefix else name)
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        """Each Parameter object once; a tied Parameter under the first name it is reached by."""
+        seen: set[int] = set()
+        for name, parameter in self._named_parameters_all():
+            if id(parameter) not in seen:
+                seen.add(id(parameter))
+                yield name, parameter
+
+    def parameters(self) -> list[Parameter]:
+        return [parameter for _, parameter in self.named_parameters()]
+
+    def num_parameters(self) -> int:
+        """The number of trainable scalars, each tied Parameter counted once."""
+        return sum(parameter.size for parameter in self.parameters())
+
+    def constant_elements(self) -> dict[str, np.ndarray]:
+        """{parameter name: bool mask} of the elements whose gradient is zero by definition
+        rather than by derivative (torch's Embedding padding_idx row). Finite differences see
+        them change the output, so a gradient check must skip them. Layers with such elements
+        override `_own_constant_elements`."""
+        masks = {}
+        for prefix, module in self.named_modules():
+            for name, mask in module._own_constant_elements().items():
+                masks[f"{prefix}.{name}" if prefix else name] = mask
+        return masks
+
+    def _own_constant_elements(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def zero_grad(self) -> None:
+        for parameter in self.parameters():
+            parameter.grad.fill(0)
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """{name: array} for every name a Parameter is reached by (a tied weight appears under
+        each of its names, as in torch). The arrays are the module's own, not copies."""
+        return {name: parameter.data for name, parameter in self._named_parameters_all()}
+
+    def grad_dict(self) -> dict[str, np.ndarray]:
+        """{name: gradient}, named exactly as `state_dict`."""
+        return {name: parameter.grad for name, parameter in self._named_parameters_all()}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray], strict: bool = True) -> None:
+        """Copy `state` into the Parameters. Names, shapes and dtypes are all checked before
+        anything is copied; the error lists every missing, unexpected or mismatched key.
+        With strict=False, missing and unexpected keys are allowed (mismatches never are)."""
+        expected = dict(self._named_parameters_all())
+        missing = [name for name in expected if name not in state]
+        unexpected = [name for name in state if name not in expected]
+        mismatched = []
+        for name, parameter in expected.items():
+            if name not in state:
+                continue
+            value = state[name]
+            if not isinstance(value, np.ndarray):
+                mismatched.append(f"{name}: expected a numpy array, got {type(value).__name__}")
+            elif value.shape != parameter.shape:
+                mismatched.append(f"{name}: expected shape {parameter.shape}, got {value.shape}")
+            elif value.dtype != parameter.dtype:
+                mismatched.append(f"{name}: expected dtype {parameter.dtype}, got {value.dtype}")
+        tied_conflicts = []
+        by_parameter: dict[int, tuple[str, np.ndarray]] = {}
+        for name, parameter in expected.items():
+            if name in state and not mismatched:
+                first = by_parameter.setdefault(id(parameter), (name, state[name]))
+                if first[0] != name and not np.array_equal(first[1], state[name]):
+                    tied_conflicts.append(f"{first[0]} and {name} are one tied Parameter "
+                                          "but were given different values")
+        problems = []
+        if strict and missing:
+            problems.append("missing keys: " + ", ".join(missing))
+        if strict and unexpected:
+            problems.append("unexpected keys: " + ", ".join(unexpected))
+        if mismatched:
+            problems.append("mismatched: " + "; ".join(mismatched))
+        problems += tied_conflicts
+        if problems:
+            raise ValueError(f"load_state_dict into {type(self).__name__} failed: "
+                             + " | ".join(problems))
+        for name, parameter in expected.items():
+            if name in state:
+                np.copyto(parameter.data, state[name])
+
+    def astype(self, dtype) -> "Module":
+        """A deep copy of this module whose Parameters are `dtype` (ties are kept)."""
+        dtype = float_dtype(dtype)
+        clone = copy.deepcopy(self)
+        for _, module in clone.named_modules():
+            module.dtype = dtype
+        for parameter in clone.parameters():
+            parameter.data = parameter.data.astype(dtype)
+            parameter.grad = np.zeros_like(parameter.data)
+        return clone
+
+    def __repr__(self) -> str:
+        children = [f"  {name}: {type(value).__name__}" for name, value in self._own()]
+        return f"{type(self).__name__}(\n" + "\n".join(children) + "\n)" if children else \
+            f"{type(self).__name__}()"
+
+
+class ModuleList(Module):
+    """Modules named by position ("0", "1", ...), as torch.nn.ModuleList. It has no forward."""
+
+    def __init__(self, modules=(), dtype=np.float64):
+        super().__init__(dtype)
+        for index, module in enumerate(modules):
+            setattr(self, str(index), module)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self._own())
+
+    def __getitem__(self, index: int) -> Module:
+        return getattr(self, str(range(len(self))[index]))
+
+    def __iter__(self) -> Iterator[Module]:
+        return (value for _, value in self._own())
+
+
+class Sequential(ModuleList):
+    """Modules applied in order, named by position, as torch.nn.Sequential.
+
+    forward keeps one cache per module; backward runs them in exact reverse order."""
+
+    def __init__(self, *modules: Module, dtype=np.float64):
+        super().__init__(modules, dtype)
+
+    def forward(self, x: np.ndarray):
+        caches = []
+        for module in self:
+            x, cache = module.forward(x)
+            caches.append(cache)
+        return x, tuple(caches)
+
+    def backward(self, dout: np.ndarray, cache: tuple):
+        for module, module_cache in zip(reversed(list(self)), reversed(cache)):
+            dout = module.backward(dout, module_cache)
+        return dout

@@ -1,0 +1,123 @@
+"""Cross-entropy from logits, as torch.nn.functional.cross_entropy, with the classes on the LAST
+axis (torch puts them on axis 1): logits (..., C), targets (...) integer class ids.
+
+For one position with log-probabilities l = log_softmax(z), target y and smoothing e:
+
+    loss = -(1 - e) l_y - (e / C) sum_c l_c
+
+A target equal to `ignore_index` (default -100) contributes nothing. reduction="mean" divides
+the sum by the number of targets that are not ignored; "sum" does not divide; "none" returns the
+per-position losses (0 at ignored positions). If every target is ignored, "mean" gives 0.0 with
+a zero gradient; torch returns nan there (SPEC §5).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import validate
+from .core import Module
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+class CrossEntropyCache(NamedTuple):
+    probs: np.ndarray           # (..., C) softmax(logits)
+    targets: np.ndarray         # (...) class ids, ignored positions set to 0
+    keep: np.ndarray            # (...) bool, False where the target is ignore_index
+    count: int                  # the number of kept targets (the "mean" divisor)
+    label_smoothing: float
+    reduction: str
+
+
+def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100,
+                          label_smoothing: float = 0.0, reduction: str = "mean"):
+    """(loss, cache): loss is 0-d for "mean"/"sum", shape (...) for "none"; logits' dtype."""
+    validate.float_array("logits", logits, min_ndim=1, shape="(..., C)")
+    validate.integer_array("targets", targets)
+    validate.choice("reduction", reduction, REDUCTIONS)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets must have shape {logits.shape[:-1]} (logits' shape without "
+                         f"the class axis); got {targets.shape}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing}")
+    classes = logits.shape[-1]
+    validate.ids_in_range("targets", targets, classes, allowed_extra=ignore_index)
+
+    keep = targets != ignore_index
+    safe_targets = np.where(keep, targets, 0)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    sum_exp = exp.sum(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(sum_exp)                          # (..., C)
+    picked = np.take_along_axis(log_probs, safe_targets[..., None], axis=-1)[..., 0]
+    losses = -(1.0 - label_smoothing) * picked
+    if label_smoothing:
+        losses -= (label_smoothing / classes) * log_probs.sum(axis=-1)
+    losses = np.where(keep, losses, 0.0).astype(logits.dtype, copy=False)
+    count = int(keep.sum())
+    if reduction == "none":
+        loss = losses
+    elif reduction == "sum":
+        loss = losses.sum()
+    else:
+        loss = losses.sum() / max(count, 1)
+    cache = CrossEntropyCache(exp / sum_exp, safe_targets, keep, count, label_smoothing,
+                              reduction)
+    return np.asarray(loss, dtype=logits.dtype), cache
+
+
+def cross_entropy_backward(dloss, cache: CrossEntropyCache) -> np.ndarray:
+    """d loss_n / d z_nc for one kept position n, with p = softmax(z_n):
+    since d l_k / d z_c = [k = c] - p_c,
+
+        d/dz_c [-(1 - e) l_y - (e / C) sum_k l_k] = p_c - (1 - e) [c = y] - e / C.
+
+    Ignored positions get 0. "mean" scales by 1 / count (0 if nothing is kept), "sum" by 1,
+    "none" by each position's own upstream gradient. `dloss` is the upstream gradient of the
+    loss (1.0 when the loss is the final objective).
+    """
+    probs, targets, keep, count, smoothing, reduction = cache
+    classes = probs.shape[-1]
+    dlogits = probs.copy()                                              # (..., C)
+    np.put_along_axis(dlogits, targets[..., None],
+                      np.take_along_axis(dlogits, targets[..., None], axis=-1)
+                      - (1.0 - smoothing), axis=-1)
+    if smoothing:
+        dlogits -= smoothing / classes
+    dloss = np.asarray(dloss, dtype=probs.dtype)
+    if reduction == "none":
+        scale = np.where(keep, dloss, 0.0)
+    elif reduction == "sum":
+        scale = np.where(keep, dloss, 0.0)
+    else:
+        scale = np.where(keep, dloss / count if count else 0.0, 0.0)
+    dlogits *= scale[..., None].astype(probs.dtype, copy=False)
+    return dlogits
+
+
+def cross_entropy(logits, targets, ignore_index: int = -100, label_smoothing: float = 0.0):
+    """Mean cross-entropy and its gradient with respect to the logits, in one call:
+    (loss, dlogits) — what a training step needs."""
+    loss, cache = cross_entropy_forward(logits, targets, ignore_index, label_smoothing)
+    return loss, cross_entropy_backward(1.0, cache)
+
+
+class CrossEntropyLoss(Module):
+    """torch.nn.CrossEntropyLoss(ignore_index, label_smoothing, reduction), classes on the last
+    axis. forward(logits, targets) -> (loss, cache); backward(dloss, cache) -> dlogits."""
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
+                 reduction: str = "mean", dtype=np.float64):
+        super().__init__(dtype)
+        validate.choice("reduction", reduction, REDUCTIONS)
+        self.ignore_index, self.label_smoothing, self.reduction = \
+            ignore_index, label_smoothing, reduction
+
+    def forward(self, logits, targets):
+        return cross_entropy_forward(logits, targets, self.ignore_index, self.label_smoothing,
+                                     self.reduction)
+
+    def backward(self, dloss, cache):
+        return cross_entropy_backward(dloss, cache)

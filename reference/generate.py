@@ -1,0 +1,43 @@
+"""Write every fixture: `python reference/generate.py [--out DIR]` (default reference/fixtures).
+
+Each family script draws its inputs and weights from fixed torch seeds, runs the torch modules
+forward and backward, and writes one case file per (case, dtype). The scripts are deterministic:
+regenerating gives the same arrays (`python reference/compare.py DIR reference/fixtures`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import layers  # noqa: E402
+
+FAMILIES = [layers]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=HERE / "fixtures")
+    parser.add_argument("--only", nargs="*", help="family script names to run (default all)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    count = 0
+    for family in FAMILIES:
+        name = family.__name__
+        if args.only and name not in args.only:
+            continue
+        paths = family.build(args.out)
+        count += len(paths)
+        print(f"{name}: {len(paths)} cases")
+    print(f"wrote {count} cases to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

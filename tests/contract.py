@@ -1,0 +1,93 @@
+"""Checks every layer must pass (SPEC §3 and the STYLE.md checklist), shared by the tests.
+
+Each takes a Module factory `make(dtype)` and the forward inputs; none asserts on a value the
+code under test produced for itself without an independent expectation.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+
+from numpy_tf.cases import Case
+from numpy_tf.verify import compare_case, fixtures_dir, gradcheck_case, run_case
+
+
+def random_like(rng: np.random.Generator, array: np.ndarray) -> np.ndarray:
+    """A random upstream gradient (never ones: with LayerNorm's default weights an all-ones
+    gradient gives an input gradient of exactly zero and proves nothing)."""
+    return rng.standard_normal(np.shape(array)).astype(array.dtype)
+
+
+def _as_tuple(value):
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _snapshot(value):
+    """A deep copy of arrays inside tuples / NamedTuples / lists / dicts."""
+    return copy.deepcopy(value)
+
+
+def _assert_same(before, after, what: str):
+    if isinstance(before, np.ndarray):
+        assert isinstance(after, np.ndarray) and before.dtype == after.dtype, what
+        np.testing.assert_array_equal(before, after, err_msg=f"{what} changed")
+    elif isinstance(before, (tuple, list)):
+        assert len(before) == len(after), what
+        for i, (b, a) in enumerate(zip(before, after)):
+            _assert_same(b, a, f"{what}[{i}]")
+    elif isinstance(before, dict):
+        assert before.keys() == after.keys(), what
+        for key in before:
+            _assert_same(before[key], after[key], f"{what}[{key!r}]")
+    else:
+        assert before == after or before is after, what
+
+
+def check_contract(make, inputs: tuple, seed: int = 0, **forward_kwargs) -> None:
+    """For float64 and float32: dtype kept; backward leaves inputs, dout and cache unchanged;
+    backward twice gives the same input gradients and twice the parameter gradients."""
+    for dtype in (np.float64, np.float32):
+        rng = np.random.default_rng(seed)
+        module = make(dtype)
+        args = tuple(a.astype(dtype) if isinstance(a, np.ndarray) and a.dtype.kind == "f"
+                     else a for a in inputs)
+        out, cache = module.forward(*args, **forward_kwargs)
+        assert out.dtype == dtype, f"output is {out.dtype} for {dtype.__name__} inputs"
+        dout = random_like(rng, out)
+        saved = _snapshot((args, dout, cache))
+        module.zero_grad()
+        first = _as_tuple(module.backward(dout, cache))
+        grads_once = {n: g.copy() for n, g in module.grad_dict().items()}
+        second = _as_tuple(module.backward(dout, cache))
+        _assert_same(saved, (args, dout, cache), "inputs, dout or cache")
+        for a, b in zip(first, second):
+            if a is not None:
+                assert a.dtype == dtype, f"input gradient is {a.dtype} for {dtype.__name__}"
+                np.testing.assert_array_equal(a, b)
+        for name, gradient in module.grad_dict().items():
+            assert gradient.dtype == dtype, f"{name}.grad is {gradient.dtype}"
+            # g + g is exactly 2 g in floating point, so the sum must match bit for bit
+            np.testing.assert_array_equal(gradient, 2 * grads_once[name], err_msg=name)
+        for name, parameter in module.named_parameters():
+            assert parameter.data.dtype == dtype, f"{name} is {parameter.data.dtype}"
+
+
+def case_paths(name: str) -> list[Path]:
+    paths = sorted(fixtures_dir().glob(f"{name}_float*.npz"))
+    assert len(paths) == 2, f"expected float32 and float64 fixtures for {name}, found {paths}"
+    return paths
+
+
+def assert_fixture_agrees(name: str) -> None:
+    """numpy_tf equals torch on the committed case `name` in both dtypes (every output and
+    gradient within tolerances.TORCH), and the float64 case passes finite differences."""
+    for path in case_paths(name):
+        case = Case.load(path)
+        failures = [c for c in compare_case(case, run_case(case)) if not c.passed]
+        assert not failures, f"{path.name}: " + "; ".join(
+            f"{c.key} max abs err {c.max_abs_error:.3g} at {c.worst_index}" for c in failures)
+        if case.dtype == np.float64:
+            report = gradcheck_case(case)
+            assert report.passed, str(report)

@@ -1,0 +1,93 @@
+"""ReLU, GELU (exact and tanh) and SiLU."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from contract import assert_fixture_agrees, check_contract
+from numpy_tf import (GELU, ReLU, SiLU, gelu_backward, gelu_forward, gradcheck, relu_backward,
+                      relu_forward, silu_backward, silu_forward)
+
+shapes = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4)
+values = st.floats(-6, 6, allow_nan=False, allow_infinity=False)
+
+
+@given(x=hnp.arrays(np.float64, shapes, elements=values), approximate=st.sampled_from(
+    ["none", "tanh"]))
+def test_gelu_gradcheck(x, approximate):
+    report = gradcheck(gelu_forward, gelu_backward, {"x": x, "approximate": approximate})
+    assert report.passed, str(report)
+
+
+@given(x=hnp.arrays(np.float64, shapes, elements=st.floats(-30, 30)))
+def test_silu_gradcheck(x):
+    assert gradcheck(silu_forward, silu_backward, {"x": x}).passed
+
+
+@given(x=hnp.arrays(np.float64, shapes, elements=values))
+def test_relu_gradcheck_away_from_the_kink(x):
+    # finite differences are meaningless across the kink at 0: keep every value a step away
+    x = np.where(np.abs(x) < 1e-3, 0.5, x)
+    assert gradcheck(relu_forward, relu_backward, {"x": x}).passed
+
+
+@pytest.mark.parametrize("name", ["relu", "gelu_none", "gelu_tanh", "silu"])
+def test_agrees_with_torch(name):
+    assert_fixture_agrees(name)
+
+
+def test_gelu_values_against_math():
+    x = np.linspace(-8, 8, 161)
+    # Phi(x) = erfc(-x / sqrt 2) / 2 keeps its relative accuracy in the negative tail, where
+    # 1 + erf(x / sqrt 2) cancels
+    # 1 + erf(x / sqrt 2) cancels. erfc's condition number at y is 2 y^2 (64 at x = -8), so one
+    # ulp of difference in the rounding of x / sqrt 2 can become 64 * 2.2e-16 = 1.4e-14.
+    exact = np.array([v * 0.5 * math.erfc(-v / math.sqrt(2)) for v in x])
+    np.testing.assert_allclose(gelu_forward(x)[0], exact, rtol=3e-14, atol=1e-300)
+    tanh = np.array([0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
+                     for v in x])
+    # 1 + tanh(u) cancels for negative x (it is the formula torch and GPT-2 use), leaving an
+    # absolute error of about 1 ulp of 1 times |x| / 2
+    np.testing.assert_allclose(gelu_forward(x, "tanh")[0], tanh, rtol=1e-14, atol=1e-15)
+    # the two variants differ: a check that confused them would fail here
+    assert np.abs(gelu_forward(x)[0] - gelu_forward(x, "tanh")[0]).max() > 1e-4
+
+
+def test_tanh_backward_is_its_own_derivative_not_the_exact_one():
+    x = np.array([-2.0, -0.7, 0.3, 1.9])
+    out, cache = gelu_forward(x, "tanh")
+    _, exact_cache = gelu_forward(x, "none")
+    dout = np.array([0.3, -1.2, 0.8, 2.0])
+    own, other = gelu_backward(dout, cache), gelu_backward(dout, exact_cache)
+    step = 1e-6
+    numeric = dout * (gelu_forward(x + step, "tanh")[0] - gelu_forward(x - step, "tanh")[0]) \
+        / (2 * step)
+    np.testing.assert_allclose(own, numeric, rtol=1e-8)
+    assert np.abs(other - numeric).max() > 1e-5
+
+
+def test_extreme_inputs_stay_finite():
+    x = np.array([-1e4, -800.0, -40.0, 0.0, 40.0, 800.0, 1e4])
+    for forward, backward in [(gelu_forward, gelu_backward), (silu_forward, silu_backward),
+                              (lambda v: gelu_forward(v, "tanh"), gelu_backward)]:
+        out, cache = forward(x)
+        assert np.all(np.isfinite(out)) and np.all(np.isfinite(backward(np.ones_like(x) * 0.5,
+                                                                        cache)))
+    np.testing.assert_array_equal(silu_forward(x)[0][[0, 1]], [-0.0, -0.0])
+
+
+@pytest.mark.parametrize("make", [lambda d: ReLU(d), lambda d: GELU("none", d),
+                                  lambda d: GELU("tanh", d), lambda d: SiLU(d)])
+def test_contract(make):
+    x = np.random.default_rng(0).standard_normal((2, 3, 4))
+    check_contract(make, (x,))
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="approximate must be one of 'none', 'tanh'; got 'erf'"):
+        GELU("erf")
+    with pytest.raises(TypeError, match="x must be float32 or float64"):
+        gelu_forward(np.arange(3))

@@ -1,0 +1,45 @@
+"""`numpy-tf check`: one table, exit status, --json."""
+import json
+import shutil
+
+import numpy as np
+
+from numpy_tf.cases import Case
+from numpy_tf.cli import main
+from numpy_tf.verify import fixtures_dir
+
+
+def test_check_passes_on_the_committed_fixtures(capsys):
+    assert main(["check"]) == 0
+    out = capsys.readouterr().out
+    assert "forward err" in out and "FAIL" not in out and " 0 failed" in out
+
+
+def test_check_json(capsys):
+    assert main(["check", "--json", "--only", "linear*"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] and {c["name"] for c in data["cases"]} == {"linear", "linear_nobias"}
+    assert all(c["forward_max_abs_error"] < 1e-12 for c in data["cases"]
+               if c["dtype"] == "float64")
+
+
+def test_check_fails_on_a_perturbed_fixture(tmp_path, capsys):
+    for path in fixtures_dir().glob("linear_float64.npz"):
+        shutil.copy(path, tmp_path / path.name)
+    case = Case.load(tmp_path / "linear_float64.npz")
+    case.arrays["grad/weight"] = case.arrays["grad/weight"] + 1e-9
+    case.save(tmp_path / "linear_float64.npz")
+    assert main(["check", "--fixtures", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: grad/weight" in out
+
+
+def test_check_reports_an_unreadable_file_as_a_failure(tmp_path, capsys):
+    (tmp_path / "broken_float64.npz").write_bytes(b"not a zip")
+    assert main(["check", "--fixtures", str(tmp_path)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_check_with_no_match_is_an_error(capsys):
+    assert main(["check", "--only", "no-such-layer"]) == 1
+    assert np is not None

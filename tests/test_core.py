@@ -1,0 +1,139 @@
+"""Parameter, Module, containers: names, state_dict, strict loading, ties, dtypes."""
+import numpy as np
+import pytest
+
+from numpy_tf import GELU, Embedding, Linear, Module, ModuleList, Parameter, Sequential
+
+
+class Tied(Module):
+    def __init__(self, dtype=np.float64):
+        super().__init__(dtype)
+        self.tokens = Embedding(5, 3, dtype=dtype)
+        self.blocks = ModuleList([Sequential(Linear(3, 6, dtype=dtype), GELU(dtype=dtype),
+                                             Linear(6, 3, dtype=dtype))], dtype=dtype)
+        self.output = Linear(3, 5, bias=False, dtype=dtype)
+        self.output.weight = self.tokens.weight
+
+
+def test_names_are_torch_state_dict_keys_in_torch_order():
+    model = Tied()
+    assert list(model.state_dict()) == [
+        "tokens.weight", "blocks.0.0.weight", "blocks.0.0.bias", "blocks.0.2.weight",
+        "blocks.0.2.bias", "output.weight"]
+
+
+def test_own_parameters_come_before_children_as_in_torch():
+    class Mixed(Module):
+        def __init__(self):
+            super().__init__()
+            self.child = Linear(2, 2)
+            self.own = Parameter(np.zeros(3))
+    assert list(Mixed().state_dict()) == ["own", "child.weight", "child.bias"]
+
+
+def test_tied_weight_listed_under_both_names_but_one_parameter():
+    model = Tied()
+    assert model.state_dict()["output.weight"] is model.state_dict()["tokens.weight"]
+    names = [name for name, _ in model.named_parameters()]
+    assert "tokens.weight" in names and "output.weight" not in names
+    assert model.num_parameters() == 5 * 3 + 3 * 6 + 6 + 6 * 3 + 3
+
+
+def test_load_state_dict_roundtrip_is_bit_exact():
+    source, target = Tied(), Tied()
+    rng = np.random.default_rng(0)
+    state = {k: rng.standard_normal(v.shape) for k, v in source.state_dict().items()}
+    state["output.weight"] = state["tokens.weight"]
+    target.load_state_dict(state)
+    for key, value in target.state_dict().items():
+        assert value.tobytes() == state[key].tobytes()
+
+
+def test_load_state_dict_names_every_problem_at_once():
+    model = Tied()
+    state = dict(model.state_dict())
+    del state["blocks.0.0.bias"]
+    state["blocks.0.9.weight"] = np.zeros(3)
+    state["blocks.0.2.weight"] = np.zeros((3, 7))
+    state["blocks.0.2.bias"] = np.zeros(3, dtype=np.float32)
+    with pytest.raises(ValueError) as error:
+        model.load_state_dict(state)
+    message = str(error.value)
+    assert "missing keys: blocks.0.0.bias" in message
+    assert "unexpected keys: blocks.0.9.weight" in message
+    assert "blocks.0.2.weight: expected shape (3, 6), got (3, 7)" in message
+    assert "blocks.0.2.bias: expected dtype float64, got float32" in message
+
+
+def test_failed_load_changes_nothing():
+    model = Tied()
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    state = {k: np.ones_like(v) for k, v in before.items()}
+    state["output.weight"] = np.zeros((5, 4))
+    with pytest.raises(ValueError):
+        model.load_state_dict(state)
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, before[key])
+
+
+def test_non_strict_allows_missing_and_unexpected_but_not_mismatch():
+    model = Tied()
+    model.load_state_dict({"blocks.0.0.bias": np.full(6, 2.0), "other": np.zeros(1)},
+                          strict=False)
+    np.testing.assert_array_equal(model.blocks[0][0].bias.data, np.full(6, 2.0))
+    with pytest.raises(ValueError, match="expected shape"):
+        model.load_state_dict({"blocks.0.0.bias": np.zeros(7)}, strict=False)
+
+
+def test_tied_names_given_different_values_is_an_error():
+    model = Tied()
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    state["output.weight"] = state["output.weight"] + 1.0
+    with pytest.raises(ValueError, match="tied"):
+        model.load_state_dict(state)
+
+
+def test_zero_grad_and_astype_keep_ties():
+    model = Tied()
+    model.tokens.weight.grad += 1.0
+    model.zero_grad()
+    assert not model.tokens.weight.grad.any()
+    single = model.astype(np.float32)
+    assert single.output.weight is single.tokens.weight
+    assert all(p.dtype == np.float32 and p.grad.dtype == np.float32
+               for p in single.parameters())
+    assert model.tokens.weight.dtype == np.float64       # the original is untouched
+
+
+def test_default_dtype_is_float64_and_bad_dtype_is_refused():
+    assert Linear(2, 3).weight.dtype == np.float64
+    with pytest.raises(TypeError, match="dtype must be float32 or float64; got int64"):
+        Linear(2, 3, dtype=np.int64)
+
+
+def test_sequential_backward_runs_in_reverse_order():
+    calls = []
+
+    class Recorder(Module):
+        def __init__(self, tag):
+            super().__init__()
+            self.tag = tag
+
+        def forward(self, x):
+            calls.append(("forward", self.tag))
+            return x + 1.0, self.tag
+
+        def backward(self, dout, cache):
+            calls.append(("backward", cache))
+            return dout * 2.0
+
+    chain = Sequential(Recorder("a"), Recorder("b"))
+    out, cache = chain.forward(np.zeros(2))
+    np.testing.assert_array_equal(out, [2.0, 2.0])
+    np.testing.assert_array_equal(chain.backward(np.ones(2), cache), [4.0, 4.0])
+    assert calls == [("forward", "a"), ("forward", "b"), ("backward", "b"), ("backward", "a")]
+
+
+def test_parameter_refuses_non_float_data():
+    with pytest.raises(TypeError, match="float32 or float64"):
+        Parameter(np.zeros(3, dtype=np.int32))
