@@ -46,15 +46,13 @@ SECTION_ORDER = ("loss", "output", "act", "grad_act", "grad_input", "grad")
 
 
 def fixtures_dir() -> Path:
-    """The committed cases: inside the installed package, or reference/fixtures in a checkout."""
-    from importlib import resources
-    try:
-        path = Path(str(resources.files("numpy_tf.fixtures")))
-        if any(path.glob("*.npz")):
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parent.parent / "reference" / "fixtures"
+    """The committed cases: numpy_tf/fixtures in an installed package (setup.cfg maps
+    reference/fixtures there), or reference/fixtures in a checkout."""
+    package = Path(__file__).resolve().parent
+    installed = package / "fixtures"
+    if any(installed.glob("*.npz")):
+        return installed
+    return package.parent / "reference" / "fixtures"
 
 
 def case_name(path: Path) -> str:
