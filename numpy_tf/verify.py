@@ -42,6 +42,11 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
                                                        dtype),
 }
 
+# kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's
+# steps, a whole model's loss): run(case) -> {key: array} for the keys the case holds, and
+# gradcheck(case) -> GradcheckReport, or None when finite differences do not apply.
+RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckReport | None]]] = {}
+
 SECTION_ORDER = ("loss", "output", "act", "grad_act", "grad_input", "grad")
 
 
@@ -60,10 +65,14 @@ def case_name(path: Path) -> str:
     return re.sub(r"_(float32|float64)$", "", path.stem)
 
 
+def known_kinds() -> list[str]:
+    return sorted(set(BUILDERS) | set(RUNNERS))
+
+
 def build_module(case: Case) -> Module:
     if case.kind not in BUILDERS:
         raise ValueError(f"case kind {case.kind!r} has no numpy_tf builder; known kinds: "
-                         + ", ".join(sorted(BUILDERS)))
+                         + ", ".join(known_kinds()))
     module = BUILDERS[case.kind](case.meta["config"], case.dtype)
     module.load_state_dict(case.section("param"))
     return module
@@ -71,6 +80,8 @@ def build_module(case: Case) -> Module:
 
 def run_case(case: Case) -> dict[str, np.ndarray]:
     """numpy_tf's arrays for every output and gradient key the case holds."""
+    if case.kind in RUNNERS:
+        return RUNNERS[case.kind][0](case)
     module = build_module(case)
     inputs = case.inputs()
     out, cache = module.forward(*inputs)
@@ -163,9 +174,12 @@ def compare_case(case: Case, produced: dict[str, np.ndarray]) -> list[TensorComp
     return results
 
 
-def gradcheck_case(case: Case, fast: bool | None = None, title: str = "") -> GradcheckReport:
+def gradcheck_case(case: Case, fast: bool | None = None,
+                   title: str = "") -> GradcheckReport | None:
     """Finite differences of numpy_tf's own forward at the case's inputs and parameters
     (in float64); full for a layer, random directions for a model."""
+    if case.kind in RUNNERS:
+        return RUNNERS[case.kind][1](case)
     module = build_module(case)
     if fast is None:
         fast = case.meta.get("level", "layer") == "model"

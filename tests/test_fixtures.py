@@ -4,7 +4,7 @@ import json
 import numpy as np
 
 from numpy_tf.cases import SECTIONS, Case
-from numpy_tf.verify import BUILDERS, case_name, fixtures_dir
+from numpy_tf.verify import case_name, fixtures_dir, known_kinds
 
 
 def test_every_fixture_is_a_complete_case_with_both_dtypes():
@@ -19,7 +19,7 @@ def test_every_fixture_is_a_complete_case_with_both_dtypes():
             assert field in meta, f"{path.name}: meta lacks {field}"
         assert meta["generator"].startswith("reference/")
         assert meta["torch"].startswith("2.13.0")
-        assert meta["kind"] in BUILDERS, f"{path.name}: no builder for {meta['kind']}"
+        assert meta["kind"] in known_kinds(), f"{path.name}: no runner for {meta['kind']}"
         assert path.stem.endswith(meta["dtype"])
         for key, array in case.arrays.items():
             assert key == "loss" or key.split("/")[0] in SECTIONS, f"{path.name}: {key}"
