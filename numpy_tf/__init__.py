@@ -9,12 +9,16 @@ See SPEC (the promises) in the README, and `numpy-tf check` for the proof.
 from .core import Module, ModuleList, Parameter, Sequential
 from .activations import (GELU, ReLU, SiLU, gelu_backward, gelu_forward, relu_backward,
                           relu_forward, silu_backward, silu_forward)
+from .attention import (ScaledDotProductAttention, attention_backward, attention_forward,
+                        causal_mask)
+from .dropout import Dropout, dropout_backward, dropout_forward
 from .embedding import Embedding, embedding_backward, embedding_forward
 from .gradcheck import GradcheckReport, gradcheck, gradcheck_module
 from .linear import Linear, linear_backward, linear_forward
-from .loss import cross_entropy, cross_entropy_backward, cross_entropy_forward
-from .softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
-                      softmax_forward)
+from .loss import CrossEntropyLoss, cross_entropy, cross_entropy_backward, cross_entropy_forward
+from .multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttention
+from .softmax import (LogSoftmax, Softmax, log_softmax_backward, log_softmax_forward,
+                      softmax_backward, softmax_forward)
 from .special import erf, erfc
 
 __version__ = "0.1.0"

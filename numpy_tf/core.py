@@ -70,6 +70,16 @@ class Module:
 
     def __init__(self, dtype=np.float64):
         self.dtype = float_dtype(dtype)
+        self.training = True        # dropout acts only in training mode, as in torch
+
+    def train(self, mode: bool = True) -> "Module":
+        """Set training mode on this module and every module below it; returns self."""
+        for _, module in self.named_modules():
+            module.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
 
     # -- what the module holds --------------------------------------------------------------
     def _own(self) -> Iterator[tuple[str, object]]:

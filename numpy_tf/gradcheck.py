@@ -80,7 +80,8 @@ class GradcheckReport:
     def __str__(self) -> str:
         tol = FINITE_DIFFERENCE
         header = (f"gradcheck {self.title}: {self.mode} finite differences in float64, step "
-                  f"{FD_STEP:g}; pass if |a - n| <= {tol.rtol:g}|n| + {tol.atol:g} max(1, max|n|)")
+                  f"{FD_STEP:g}; pass if |a - n| <= {tol.rtol:g}|n| + {tol.atol:g} max(1, S), "
+                  "S = max|n| over all tensors")
         columns = ("tensor", "shape", "max abs err", "max rel err", "worst index",
                    "norm rel err", "verdict")
         table = [columns] + [
@@ -97,9 +98,10 @@ class GradcheckReport:
 
 
 def compare_gradients(name: str, analytic: np.ndarray, numerical: np.ndarray,
-                      skip: np.ndarray | None = None) -> GradcheckRow:
+                      skip: np.ndarray | None = None, scale: float | None = None) -> GradcheckRow:
     """One report row: the analytic gradient against its finite-difference estimate, over the
-    elements not in `skip`."""
+    elements not in `skip`. `scale` is the largest |n| over every tensor checked together
+    (default: this tensor's)."""
     analytic = np.asarray(analytic, dtype=np.float64)
     numerical = np.asarray(numerical, dtype=np.float64)
     if analytic.shape != numerical.shape:
@@ -108,8 +110,9 @@ def compare_gradients(name: str, analytic: np.ndarray, numerical: np.ndarray,
         analytic, numerical = np.where(skip, 0.0, analytic), np.where(skip, 0.0, numerical)
     error = np.abs(analytic - numerical)
     magnitude = np.abs(numerical)
-    scale = max(1.0, float(magnitude.max(initial=0.0)))
-    allowed = FINITE_DIFFERENCE.rtol * magnitude + FINITE_DIFFERENCE.atol * scale
+    if scale is None:
+        scale = float(magnitude.max(initial=0.0))
+    allowed = FINITE_DIFFERENCE.allowed(numerical, scale)
     excess = np.where(np.isfinite(error), error / allowed, np.inf)
     worst = tuple(int(i) for i in np.unravel_index(np.argmax(excess), excess.shape)) \
         if excess.size else None
@@ -163,15 +166,19 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
     (which the objective reads, and which are perturbed in place and restored bit for bit).
     Elements in `skip` (constant by definition) are neither perturbed nor compared."""
     if not fast:
-        rows = []
+        numericals = {}
         for name, array in tensors.items():
             mask = skip.get(name)
-            numerical = np.array([
+            numericals[name] = np.array([
                 0.0 if mask is not None and mask.flat[i] else
                 _central_difference(objective, array, i, step)
                 for i in range(array.size)]).reshape(array.shape)
+        scale = max(float(np.abs(n).max(initial=0.0)) for n in numericals.values())
+        rows = []
+        for name, numerical in numericals.items():
+            mask = skip.get(name)
             label = name if mask is None else f"{name} ({int(mask.sum())} constant skipped)"
-            rows.append(compare_gradients(label, analytic[name], numerical, mask))
+            rows.append(compare_gradients(label, analytic[name], numerical, mask, scale))
         return GradcheckReport(title, "full", rows)
     rows = []
     names = list(tensors)

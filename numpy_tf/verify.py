@@ -17,12 +17,14 @@ from typing import Callable
 import numpy as np
 
 from .activations import GELU, ReLU, SiLU
+from .attention import ScaledDotProductAttention
 from .cases import Case
 from .core import Module
 from .embedding import Embedding
 from .gradcheck import GradcheckReport, gradcheck_module
 from .linear import Linear
 from .loss import CrossEntropyLoss
+from .multihead import MultiHeadAttention, TorchMultiheadAttention
 from .softmax import LogSoftmax, Softmax
 from .tolerances import Tolerance, torch_tolerance
 
@@ -40,6 +42,11 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
     "cross_entropy": lambda c, dtype: CrossEntropyLoss(c["ignore_index"],
                                                        c["label_smoothing"], c["reduction"],
                                                        dtype),
+    "sdpa": lambda c, dtype: ScaledDotProductAttention(c["is_causal"], dtype=dtype),
+    "multihead_attention": lambda c, dtype: TorchMultiheadAttention(
+        c["embed_dim"], c["num_heads"], c["dropout"], c["bias"], dtype=dtype),
+    "gqa_attention": lambda c, dtype: MultiHeadAttention(
+        c["width"], c["num_heads"], c["num_kv_heads"], bias=c["bias"], dtype=dtype),
 }
 
 # kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's
@@ -78,13 +85,22 @@ def build_module(case: Case) -> Module:
     return module
 
 
+def forward_kwargs(case: Case) -> dict:
+    """Keyword arguments of the forward: the case's keyword inputs (masks) and options."""
+    kwargs = dict(case.meta.get("forward_kwargs", {}))
+    for name in case.meta.get("keyword_inputs", []):
+        if f"input/{name}" in case.arrays:
+            kwargs[name] = case.arrays[f"input/{name}"]
+    return kwargs
+
+
 def run_case(case: Case) -> dict[str, np.ndarray]:
     """numpy_tf's arrays for every output and gradient key the case holds."""
     if case.kind in RUNNERS:
         return RUNNERS[case.kind][0](case)
     module = build_module(case)
     inputs = case.inputs()
-    out, cache = module.forward(*inputs)
+    out, cache = module.forward(*inputs, **forward_kwargs(case))
     module.zero_grad()
     dinputs = module.backward(case.arrays["grad_output/out"], cache)
     if not isinstance(dinputs, tuple):
@@ -132,7 +148,7 @@ class CaseResult:
     def to_dict(self) -> dict:
         return {"name": self.name, "path": self.path, "kind": self.kind, "dtype": self.dtype,
                 "passed": self.passed, "error": self.error,
-                "forward_max_abs_error": self.max_error(("output", "loss", "act")),
+                "forward_max_abs_error": self.max_error(FORWARD_SECTIONS),
                 "backward_max_abs_error": self.max_error(("grad", "grad_input", "grad_act")),
                 "tensors": [c.__dict__ | {"worst_index": None if c.worst_index is None
                                           else list(c.worst_index)}
@@ -140,37 +156,48 @@ class CaseResult:
                 "gradcheck": None if self.gradcheck is None else self.gradcheck.to_dict()}
 
 
-def compare_arrays(key: str, ours: np.ndarray, theirs: np.ndarray,
-                   tolerance: Tolerance) -> TensorComparison:
+def compare_arrays(key: str, ours: np.ndarray, theirs: np.ndarray, tolerance: Tolerance,
+                   scale: float = 1.0) -> TensorComparison:
+    """One tensor against the reference; `scale` is S, the largest |reference| of its set."""
     ours, theirs = np.asarray(ours), np.asarray(theirs)
     if ours.shape != theirs.shape:
         return TensorComparison(key, float("inf"), float("inf"), None, False)
+    if theirs.size == 0:
+        return TensorComparison(key, 0.0, 0.0, None, True)
     error = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
     magnitude = np.abs(theirs.astype(np.float64))
-    within = tolerance.within(ours, theirs)
-    if error.size == 0:
-        return TensorComparison(key, 0.0, 0.0, None, True)
-    worst_score = np.where(np.isnan(error), np.inf,
-                           error / (tolerance.atol + tolerance.rtol * magnitude))
-    worst = tuple(int(i) for i in np.unravel_index(np.argmax(worst_score), error.shape))
+    allowed = tolerance.allowed(theirs, scale)
+    excess = np.where(np.isnan(error), np.inf, error / allowed)
+    worst = tuple(int(i) for i in np.unravel_index(np.argmax(excess), error.shape))
     nonzero = magnitude > 0
     max_rel = float((error[nonzero] / magnitude[nonzero]).max(initial=0.0))
-    return TensorComparison(key, float(np.nanmax(error)) if not np.isnan(error).all()
-                            else float("nan"), max_rel, worst, bool(within.all()))
+    max_abs = float("nan") if np.isnan(error).all() else float(np.nanmax(error))
+    return TensorComparison(key, max_abs, max_rel, worst, bool((error <= allowed).all()))
+
+
+FORWARD_SECTIONS = ("loss", "output", "act")
 
 
 def compare_case(case: Case, produced: dict[str, np.ndarray]) -> list[TensorComparison]:
     """One comparison per output/gradient key of the case (a key numpy_tf did not produce
-    fails), in SECTION_ORDER."""
+    fails), in SECTION_ORDER. The absolute floor scales with the largest reference value among
+    the outputs, or among the gradients (tolerances.py says why)."""
     tolerance = torch_tolerance(case.dtype, case.meta.get("level", "layer"))
     keys = [key for key in case.arrays if key.split("/")[0] in SECTION_ORDER]
     keys.sort(key=lambda key: SECTION_ORDER.index(key.split("/")[0]))
+    forward = [key for key in keys if key.split("/")[0] in FORWARD_SECTIONS]
+    backward = [key for key in keys if key not in forward]
+    scales = {}
+    for group in (forward, backward):
+        scale = max((float(np.abs(case.arrays[k]).max(initial=0.0)) for k in group), default=0.0)
+        scales.update({key: scale for key in group})
     results = []
     for key in keys:
         if key not in produced:
             results.append(TensorComparison(key, float("inf"), float("inf"), None, False))
         else:
-            results.append(compare_arrays(key, produced[key], case.arrays[key], tolerance))
+            results.append(compare_arrays(key, produced[key], case.arrays[key], tolerance,
+                                          scales[key]))
     return results
 
 
@@ -183,7 +210,8 @@ def gradcheck_case(case: Case, fast: bool | None = None,
     module = build_module(case)
     if fast is None:
         fast = case.meta.get("level", "layer") == "model"
-    return gradcheck_module(module, *case.inputs(), fast=fast, title=title or case.kind)
+    return gradcheck_module(module, *case.inputs(), fast=fast, title=title or case.kind,
+                            forward_kwargs=forward_kwargs(case))
 
 
 def check_file(path: Path, with_gradcheck: bool = True) -> CaseResult:

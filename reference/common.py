@@ -56,19 +56,22 @@ def meta(generator_file: str, kind: str, seed: int, dtype: str, config: dict,
 
 
 def run_module_case(module: torch.nn.Module, inputs: dict, g: torch.Generator, dtype: str,
-                    call=None) -> dict[str, np.ndarray]:
+                    call=None, keyword: dict | None = None) -> dict[str, np.ndarray]:
     """Forward `inputs` (float tensors get gradients) through `module`, backward a random
-    upstream gradient, and return the arrays of a case (without meta)."""
+    upstream gradient, and return the arrays of a case (without meta). `keyword` inputs
+    (masks) are passed by name, saved as inputs, and get no gradient."""
     tensors = {}
     for name, value in inputs.items():
         if value is not None and value.is_floating_point():
             value = value.detach().clone().requires_grad_(True)
         tensors[name] = value
-    out = call(module, **tensors) if call else module(*tensors.values())
+    keyword = {k: v for k, v in (keyword or {}).items() if v is not None}
+    out = call(module, **tensors, **keyword) if call else module(*tensors.values(), **keyword)
     dout = normal(g, out.shape, dtype)
     out.backward(dout)
     arrays = {f"param/{name}": to_numpy(p) for name, p in module.state_dict().items()}
     arrays.update({f"input/{name}": to_numpy(v) for name, v in tensors.items() if v is not None})
+    arrays.update({f"input/{name}": to_numpy(v) for name, v in keyword.items()})
     arrays["output/out"] = to_numpy(out)
     arrays["grad_output/out"] = to_numpy(dout)
     for name, parameter in module.named_parameters():

@@ -15,9 +15,10 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import attention  # noqa: E402
 import layers  # noqa: E402
 
-FAMILIES = [layers]
+FAMILIES = [layers, attention]
 
 
 def main(argv=None) -> int:
