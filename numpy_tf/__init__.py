@@ -16,5 +16,10 @@ from .loss import cross_entropy, cross_entropy_backward, cross_entropy_forward
 from .softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
                       softmax_forward)
 from .special import erf, erfc
+from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
+from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, CBOWPairs,
+                   ReverseDigits, SlidingWindowDataset, batch_indices, cbow_pairs,
+                   default_corpus, reverse_digits, split_documents, split_stream,
+                   window_count)
 
 __version__ = "0.1.0"
