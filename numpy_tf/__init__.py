@@ -20,5 +20,10 @@ from .multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttenti
 from .softmax import (LogSoftmax, Softmax, log_softmax_backward, log_softmax_forward,
                       softmax_backward, softmax_forward)
 from .special import erf, erfc
+from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
+from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, CBOWPairs,
+                   ReverseDigits, SlidingWindowDataset, batch_indices, cbow_pairs,
+                   default_corpus, reverse_digits, split_documents, split_stream,
+                   window_count)
 
 __version__ = "0.1.0"

@@ -95,3 +95,46 @@ def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name} must be a positive integer; got {value!r}")
     return int(value)
+
+
+def token_ids(name: str, ids, *, size: int | None = None) -> np.ndarray:
+    """A 1-D sequence of token ids as an int64 array: an integer ndarray, or a list/tuple of
+    Python ints (an empty list is an empty sequence, not a float array). With `size`, every id
+    must be in [0, size)."""
+    if not isinstance(ids, np.ndarray):
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(f"{name} must be a 1-D array or list of integer ids; got "
+                            f"{type(ids).__name__}")
+        ids = np.asarray(ids) if len(ids) else np.zeros(0, dtype=np.int64)
+    integer_array(name, ids, ndim=1, shape="(N,)")
+    if size is not None:
+        ids_in_range(name, ids, size)
+    return ids.astype(np.int64, copy=False)
+
+
+def integer(name: str, value) -> int:
+    """A Python or NumPy integer (bool is refused: True is not a length)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer; got {value!r}")
+    return int(value)
+
+
+def generator(name: str, rng, *, allow_none: bool = False):
+    """An explicit numpy.random.Generator (a seed is refused so that every shuffle's source is
+    visible: pass np.random.default_rng(seed))."""
+    if rng is None and allow_none:
+        return None
+    if not isinstance(rng, np.random.Generator):
+        expected = "None or a numpy.random.Generator" if allow_none else \
+            "a numpy.random.Generator"
+        raise TypeError(f"{name} must be {expected} (e.g. np.random.default_rng(0)); got "
+                        f"{type(rng).__name__}")
+    return rng
+
+
+def fraction(name: str, value) -> float:
+    """A number strictly between 0 and 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) \
+            or not 0.0 < value < 1.0:
+        raise ValueError(f"{name} must be a number strictly between 0 and 1; got {value!r}")
+    return float(value)
