@@ -13,6 +13,10 @@ from .embedding import Embedding, embedding_backward, embedding_forward
 from .gradcheck import GradcheckReport, gradcheck, gradcheck_module
 from .linear import Linear, linear_backward, linear_forward
 from .loss import cross_entropy, cross_entropy_backward, cross_entropy_forward
+from .optim import (SGD, Adam, AdamW, adam_update, clip_grad_norm, decay_groups, grads_finite,
+                    sgd_update)
+from .optimizer import Optimizer
+from .schedule import warmup_cosine
 from .softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
                       softmax_forward)
 from .special import erf, erfc

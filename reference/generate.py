@@ -16,8 +16,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import layers  # noqa: E402
+import optim  # noqa: E402
 
-FAMILIES = [layers]
+FAMILIES = [layers, optim]
 
 
 def main(argv=None) -> int:
