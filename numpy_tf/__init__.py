@@ -19,6 +19,10 @@ from .loss import CrossEntropyLoss, cross_entropy, cross_entropy_backward, cross
 from .multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttention
 from .softmax import (LogSoftmax, Softmax, log_softmax_backward, log_softmax_forward,
                       softmax_backward, softmax_forward)
+from .optim import (SGD, Adam, AdamW, adam_update, clip_grad_norm, decay_groups, grads_finite,
+                    sgd_update)
+from .optimizer import Optimizer
+from .schedule import warmup_cosine
 from .special import erf, erfc
 from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
 from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, CBOWPairs,

@@ -138,3 +138,36 @@ def fraction(name: str, value) -> float:
             or not 0.0 < value < 1.0:
         raise ValueError(f"{name} must be a number strictly between 0 and 1; got {value!r}")
     return float(value)
+
+
+def number(name: str, value, *, low: float | None = None, high: float | None = None,
+           low_open: bool = False, high_open: bool = False) -> float:
+    """A real number (not a bool, not NaN) in the given interval, returned as a Python float,
+    so that a float32 array times it stays float32 (a numpy float64 scalar would upcast it).
+    `low_open`/`high_open` exclude the end point."""
+    interval = ""
+    if low is not None or high is not None:
+        left = "-inf" if low is None else f"{low:g}"
+        right = "inf" if high is None else f"{high:g}"
+        interval = (f" in {'(' if low_open or low is None else '['}{left}, {right}"
+                    f"{')' if high_open or high is None else ']'}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number{interval}; got {value!r}")
+    given, value = value, float(value)
+    if (value != value or (low is not None and (value < low or (low_open and value == low)))
+            or (high is not None and (value > high or (high_open and value == high)))):
+        raise ValueError(f"{name} must be a number{interval}; got {given!r}")
+    return value
+
+
+def flag(name: str, value) -> bool:
+    """A plain bool (a 0 or "no" is more likely a mistake than a choice)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False; got {value!r}")
+    return bool(value)
+
+
+def nonnegative_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer; got {value!r}")
+    return int(value)

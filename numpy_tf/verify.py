@@ -19,12 +19,14 @@ import numpy as np
 from .activations import GELU, ReLU, SiLU
 from .attention import ScaledDotProductAttention
 from .cases import Case
-from .core import Module
+from .core import Module, Parameter
 from .embedding import Embedding
 from .gradcheck import GradcheckReport, gradcheck_module
 from .linear import Linear
 from .loss import CrossEntropyLoss
 from .multihead import MultiHeadAttention, TorchMultiheadAttention
+from .optim import SGD, Adam, AdamW, clip_grad_norm
+from .schedule import warmup_cosine
 from .softmax import LogSoftmax, Softmax
 from .tolerances import Tolerance, torch_tolerance
 
@@ -49,10 +51,71 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
         c["width"], c["num_heads"], c["num_kv_heads"], bias=c["bias"], dtype=dtype),
 }
 
+def run_optimizer_case(case: Case) -> dict[str, np.ndarray]:
+    """Give numpy_tf's optimizer the case's gradients step by step (setting each group's lr by
+    warmup_cosine when the case has a schedule): the final parameters, state and lrs."""
+    config = case.meta["config"]
+    params = {name: Parameter(value.copy()) for name, value in case.section("param").items()}
+    groups = list(params.values()) if config["groups"] is None else [
+        {**group, "params": [params[name] for name in group["params"]]}
+        for group in config["groups"]]
+    names = list(params) if config["groups"] is None else [
+        name for group in config["groups"] for name in group["params"]]
+    optimizer = {"SGD": SGD, "Adam": Adam, "AdamW": AdamW}[config["optimizer"]](
+        groups, **config["hyperparameters"])
+    schedule, base_lrs = config["schedule"], [group["lr"] for group in optimizer.param_groups]
+    lrs: list[list[float]] = [[] for _ in base_lrs]
+    for step in range(config["steps"]):
+        for name, parameter in params.items():
+            np.copyto(parameter.grad, case.arrays[f"input/grad_{step}/{name}"])
+        for group, base_lr, used in zip(optimizer.param_groups, base_lrs, lrs):
+            if schedule is not None:
+                group["lr"] = warmup_cosine(step, base_lr, schedule["warmup_steps"],
+                                            schedule["total_steps"],
+                                            schedule["min_lr_ratio"] * base_lr)
+            used.append(group["lr"])
+        optimizer.step()
+    produced = {f"output/{name}": parameter.data for name, parameter in params.items()}
+    for index, name in enumerate(names):
+        for key, value in optimizer.state.get(index, {}).items():
+            if isinstance(value, np.ndarray):
+                produced[f"output/{key}/{name}"] = value
+    if schedule is not None:
+        for number, used in enumerate(lrs):
+            produced[f"output/lr/{number}"] = np.array(used, dtype=case.dtype)
+    return produced
+
+
+def run_clip_case(case: Case) -> dict[str, np.ndarray]:
+    """clip_grad_norm on the case's gradients: the clipped gradients and the total norm."""
+    config = case.meta["config"]
+    params = {}
+    for name, grad in case.section("input").items():
+        params[name] = Parameter(np.zeros_like(grad))
+        np.copyto(params[name].grad, grad)
+    total_norm = clip_grad_norm(list(params.values()), config["max_norm"],
+                                float(config["norm_type"]))
+    return {"output/total_norm": np.array(total_norm, dtype=case.dtype),
+            **{f"output/{name}": parameter.grad for name, parameter in params.items()}}
+
+
+def run_schedule_case(case: Case) -> dict[str, np.ndarray]:
+    """warmup_cosine at steps 0..total_steps, against both of torch's constructions."""
+    c = case.meta["config"]
+    lrs = np.array([warmup_cosine(step, c["base_lr"], c["warmup_steps"], c["total_steps"],
+                                  c["min_lr"]) for step in range(c["total_steps"] + 1)],
+                   dtype=case.dtype)
+    return {"output/lambda_lr": lrs, "output/composed_lr": lrs}
+
+
 # kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's
 # steps, a whole model's loss): run(case) -> {key: array} for the keys the case holds, and
 # gradcheck(case) -> GradcheckReport, or None when finite differences do not apply.
-RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckReport | None]]] = {}
+RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckReport | None]]] = {
+    "optimizer": (run_optimizer_case, lambda case: None),
+    "clip_grad_norm": (run_clip_case, lambda case: None),
+    "lr_schedule": (run_schedule_case, lambda case: None),
+}
 
 SECTION_ORDER = ("loss", "output", "act", "grad_act", "grad_input", "grad")
 

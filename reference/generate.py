@@ -17,8 +17,9 @@ sys.path.insert(0, str(HERE))
 
 import attention  # noqa: E402
 import layers  # noqa: E402
+import optim  # noqa: E402
 
-FAMILIES = [layers, attention]
+FAMILIES = [layers, attention, optim]
 
 
 def main(argv=None) -> int:

@@ -16,10 +16,11 @@ def test_reference_never_imports_numpy_tf():
 
 
 @pytest.mark.torch
-def test_regenerating_the_layer_fixtures_gives_the_same_arrays(tmp_path):
+@pytest.mark.parametrize("family", ["layers", "optim"])
+def test_regenerating_the_fixtures_gives_the_same_arrays(tmp_path, family):
     pytest.importorskip("torch")
     subprocess.run([sys.executable, str(ROOT / "reference" / "generate.py"), "--out",
-                    str(tmp_path), "--only", "layers"], check=True, capture_output=True)
+                    str(tmp_path), "--only", family], check=True, capture_output=True)
     sys.path.insert(0, str(ROOT / "reference"))
     from compare import _load
     for path in tmp_path.glob("*.npz"):
