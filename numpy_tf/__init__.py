@@ -13,6 +13,13 @@ from .embedding import Embedding, embedding_backward, embedding_forward
 from .gradcheck import GradcheckReport, gradcheck, gradcheck_module
 from .linear import Linear, linear_backward, linear_forward
 from .loss import cross_entropy, cross_entropy_backward, cross_entropy_forward
+from .norm import (LayerNorm, RMSNorm, layernorm_backward, layernorm_forward, rmsnorm_backward,
+                   rmsnorm_forward)
+from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequencies,
+                        learned_positions_backward, learned_positions_forward,
+                        sinusoidal_positions_backward, sinusoidal_positions_forward,
+                        sinusoidal_table)
+from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_rotate, rope_tables
 from .softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
                       softmax_forward)
 from .special import erf, erfc

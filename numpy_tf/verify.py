@@ -23,6 +23,9 @@ from .embedding import Embedding
 from .gradcheck import GradcheckReport, gradcheck_module
 from .linear import Linear
 from .loss import CrossEntropyLoss
+from .norm import LayerNorm, RMSNorm
+from .positions import LearnedPositions, SinusoidalPositions
+from .rope import RotaryEmbedding
 from .softmax import LogSoftmax, Softmax
 from .tolerances import Tolerance, torch_tolerance
 
@@ -40,6 +43,14 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
     "cross_entropy": lambda c, dtype: CrossEntropyLoss(c["ignore_index"],
                                                        c["label_smoothing"], c["reduction"],
                                                        dtype),
+    "layernorm": lambda c, dtype: LayerNorm(c["normalized_shape"], c["eps"],
+                                            c["elementwise_affine"], c["bias"], dtype),
+    "rmsnorm": lambda c, dtype: RMSNorm(c["normalized_shape"], c["eps"],
+                                        c["elementwise_affine"], dtype),
+    "learned_positions": lambda c, dtype: LearnedPositions(c["max_context"], c["width"],
+                                                           dtype=dtype),
+    "sinusoidal_positions": lambda c, dtype: SinusoidalPositions(c["width"], dtype),
+    "rope": lambda c, dtype: RotaryEmbedding(c["head_dim"], c["base"], c["interleaved"], dtype),
 }
 
 # kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's

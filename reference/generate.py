@@ -16,8 +16,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import layers  # noqa: E402
+import norm  # noqa: E402
+import positions  # noqa: E402
+import rope  # noqa: E402
 
-FAMILIES = [layers]
+FAMILIES = [layers, norm, positions, rope]
 
 
 def main(argv=None) -> int:
