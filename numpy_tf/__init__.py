@@ -23,6 +23,13 @@ from .optim import (SGD, Adam, AdamW, adam_update, clip_grad_norm, decay_groups,
                     sgd_update)
 from .optimizer import Optimizer
 from .schedule import warmup_cosine
+from .norm import (LayerNorm, RMSNorm, layernorm_backward, layernorm_forward, rmsnorm_backward,
+                   rmsnorm_forward)
+from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequencies,
+                        learned_positions_backward, learned_positions_forward,
+                        sinusoidal_positions_backward, sinusoidal_positions_forward,
+                        sinusoidal_table)
+from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_rotate, rope_tables
 from .special import erf, erfc
 from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
 from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, CBOWPairs,

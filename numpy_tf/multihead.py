@@ -33,7 +33,8 @@ from . import validate
 from .attention import AttentionCache, attention_backward, attention_forward
 from .core import Module, Parameter
 from .dropout import check_probability
-from .linear import Linear, LinearCache, linear_backward, linear_forward, uniform_init
+from .linear import Linear, LinearCache, linear_backward, linear_forward
+from .rope import rope_backward, rope_forward
 
 
 class AttentionLayerCache(NamedTuple):
@@ -124,7 +125,6 @@ class HeadAttention(Module):
             k = split_heads(k, self.num_kv_heads)                       # (B, G, Tk, d)
             v = split_heads(v, self.num_kv_heads)
         if self.rope:
-            from .rope import rope_forward   # TEMPORARY until rope.py lands
             if positions is None:
                 positions = np.arange(past_length, past_length + query.shape[1])
             q, q_rope = rope_forward(q, positions, self.rope_base, self.rope_interleaved)
@@ -151,7 +151,6 @@ class HeadAttention(Module):
         dq, dk, dv = attention_backward(dheads, cache.attention)
         dk, dv = dk[:, :, cache.past_length:], dv[:, :, cache.past_length:]
         if cache.rope is not None:
-            from .rope import rope_backward   # TEMPORARY until rope.py lands
             dq = rope_backward(dq, cache.rope[0])
             if cache.rope[1] is not None:
                 dk = rope_backward(dk, cache.rope[1])

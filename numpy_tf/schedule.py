@@ -36,8 +36,8 @@ from . import validate
 def warmup_cosine(step: int, base_lr: float, warmup_steps: int, total_steps: int,
                   min_lr: float = 0.0) -> float:
     """The learning rate of update `step` (counted from 0); see the module docstring."""
-    step = validate.nonnegative_int("step", step)
-    warmup_steps = validate.nonnegative_int("warmup_steps", warmup_steps)
+    step = validate.non_negative_int("step", step)
+    warmup_steps = validate.non_negative_int("warmup_steps", warmup_steps)
     total_steps = validate.positive_int("total_steps", total_steps)
     base_lr = validate.number("base_lr", base_lr, low=0.0)
     min_lr = validate.number("min_lr", min_lr, low=0.0, high=base_lr)

@@ -167,7 +167,38 @@ def flag(name: str, value) -> bool:
     return bool(value)
 
 
-def nonnegative_int(name: str, value) -> int:
+def even_positive_int(name: str, value, what: str = "") -> int:
+    """A positive even integer (a width split into pairs); `what` says why it must be even."""
+    value = positive_int(name, value)
+    if value % 2:
+        reason = f" ({what})" if what else ""
+        raise ValueError(f"{name} must be even{reason}; got {value}")
+    return value
+
+
+def non_negative_int(name: str, value) -> int:
+    """An integer >= 0: a Python or NumPy integer, or a 0-d integer array (how a case file
+    stores a scalar)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer; got {value!r}")
     return int(value)
+
+
+def positive_float(name: str, value) -> float:
+    """A finite number > 0 (an eps, a base), returned as a Python float so that it never
+    upcasts a float32 array (NumPy 2 keeps np.float64 scalars float64)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
+    return float(value)
+
+
+def non_negative_entries(name: str, values: np.ndarray) -> None:
+    """Every entry >= 0 (positions); the message gives the first negative value and where."""
+    negative = values < 0
+    if negative.any():
+        position = tuple(int(i) for i in np.argwhere(negative)[0])
+        raise ValueError(f"{name} must be non-negative; got {int(values[position])} at "
+                         f"position {position}")

@@ -27,6 +27,9 @@ from .loss import CrossEntropyLoss
 from .multihead import MultiHeadAttention, TorchMultiheadAttention
 from .optim import SGD, Adam, AdamW, clip_grad_norm
 from .schedule import warmup_cosine
+from .norm import LayerNorm, RMSNorm
+from .positions import LearnedPositions, SinusoidalPositions
+from .rope import RotaryEmbedding
 from .softmax import LogSoftmax, Softmax
 from .tolerances import Tolerance, torch_tolerance
 
@@ -49,6 +52,14 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
         c["embed_dim"], c["num_heads"], c["dropout"], c["bias"], dtype=dtype),
     "gqa_attention": lambda c, dtype: MultiHeadAttention(
         c["width"], c["num_heads"], c["num_kv_heads"], bias=c["bias"], dtype=dtype),
+    "layernorm": lambda c, dtype: LayerNorm(c["normalized_shape"], c["eps"],
+                                            c["elementwise_affine"], c["bias"], dtype),
+    "rmsnorm": lambda c, dtype: RMSNorm(c["normalized_shape"], c["eps"],
+                                        c["elementwise_affine"], dtype),
+    "learned_positions": lambda c, dtype: LearnedPositions(c["max_context"], c["width"],
+                                                           dtype=dtype),
+    "sinusoidal_positions": lambda c, dtype: SinusoidalPositions(c["width"], dtype),
+    "rope": lambda c, dtype: RotaryEmbedding(c["head_dim"], c["base"], c["interleaved"], dtype),
 }
 
 def run_optimizer_case(case: Case) -> dict[str, np.ndarray]:

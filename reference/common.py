@@ -82,6 +82,20 @@ def run_module_case(module: torch.nn.Module, inputs: dict, g: torch.Generator, d
     return arrays
 
 
+def float_case(out_dir: Path, generator_file: str, name: str, kind: str, seed: int, dtype: str,
+               module: torch.nn.Module, config: dict, inputs: dict, **extra) -> Path:
+    """One case file `<name>_<dtype>.npz`: `module`'s parameters redrawn from `seed`, each input
+    drawn by its function of the generator (in order), forward and backward a random upstream
+    gradient, written with its meta."""
+    g = generator(seed)
+    module = randomize(module.to(DTYPES[dtype]), g, dtype)
+    drawn = {key: value(g) for key, value in inputs.items()}
+    arrays = run_module_case(module, drawn, g, dtype)
+    return save_case(Path(out_dir) / f"{name}_{dtype}.npz",
+                     meta(generator_file, kind, seed, dtype, config, list(inputs), **extra),
+                     arrays)
+
+
 def save_case(path: Path, case_meta: dict, arrays: dict[str, np.ndarray]) -> Path:
     """Write a case deterministically (fixed timestamps, given order) and atomically."""
     path = Path(path)

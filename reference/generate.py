@@ -17,9 +17,12 @@ sys.path.insert(0, str(HERE))
 
 import attention  # noqa: E402
 import layers  # noqa: E402
+import norm  # noqa: E402
 import optim  # noqa: E402
+import positions  # noqa: E402
+import rope  # noqa: E402
 
-FAMILIES = [layers, attention, optim]
+FAMILIES = [layers, norm, positions, rope, attention, optim]
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common import DTYPES, generator, meta, normal, randomize, run_module_case, save_case
+from common import DTYPES, float_case, normal
 
 FILE = "layers.py"
 
@@ -23,12 +23,7 @@ class ClassLastCrossEntropy(nn.Module):
 
 
 def _float_case(out_dir, name, kind, seed, dtype, module, config, inputs, **extra):
-    g = generator(seed)
-    module = randomize(module.to(DTYPES[dtype]), g, dtype)
-    drawn = {key: value(g) for key, value in inputs.items()}
-    arrays = run_module_case(module, drawn, g, dtype)
-    return save_case(out_dir / f"{name}_{dtype}.npz",
-                     meta(FILE, kind, seed, dtype, config, list(inputs), **extra), arrays)
+    return float_case(out_dir, FILE, name, kind, seed, dtype, module, config, inputs, **extra)
 
 
 def build(out_dir):
