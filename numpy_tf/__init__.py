@@ -31,6 +31,11 @@ from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequenci
                         sinusoidal_table)
 from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_rotate, rope_tables
 from .special import erf, erfc
+from .feedforward import SwiGLU, feedforward, swiglu_backward, swiglu_forward
+from .gpt import GPT, DecoderBlock, GPTConfig
+from .objectives import NextTokenLoss, shifted_targets
+from .accounting import count_parameters, parameter_breakdown
+from . import interop
 from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
 from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, CBOWPairs,
                    ReverseDigits, SlidingWindowDataset, batch_indices, cbow_pairs,

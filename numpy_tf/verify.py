@@ -21,10 +21,13 @@ from .attention import ScaledDotProductAttention
 from .cases import Case
 from .core import Module, Parameter
 from .embedding import Embedding
+from .gpt import GPT, GPTConfig
 from .gradcheck import GradcheckReport, gradcheck_module
+from .interop import from_hf, to_hf
 from .linear import Linear
 from .loss import CrossEntropyLoss
 from .multihead import MultiHeadAttention, TorchMultiheadAttention
+from .objectives import NextTokenLoss
 from .optim import SGD, Adam, AdamW, clip_grad_norm
 from .schedule import warmup_cosine
 from .norm import LayerNorm, RMSNorm
@@ -127,6 +130,51 @@ RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckRepor
     "clip_grad_norm": (run_clip_case, lambda case: None),
     "lr_schedule": (run_schedule_case, lambda case: None),
 }
+
+
+# -- whole language models: logits, the next-token loss and every parameter gradient ----------
+# kind -> (load(case) -> model, names(model, case, grads) -> {case name: array})
+LANGUAGE_MODELS = {
+    "tiny_gpt": (lambda case: _loaded(GPT(GPTConfig.tiny(**case.meta["config"]),
+                                          dtype=case.dtype), case),
+                 lambda model, case, grads: model.grad_dict() if grads else model.state_dict()),
+    "hf_gpt2": (lambda case: from_hf(case.meta["config"], case.section("param"), case.dtype),
+                lambda model, case, grads: to_hf(model, case.meta["config"], grads)),
+}
+
+
+def _loaded(model: Module, case: Case) -> Module:
+    model.load_state_dict(case.section("param"))
+    return model
+
+
+def _lm_inputs(case: Case):
+    return case.arrays["input/ids"], case.arrays.get("input/key_padding_mask")
+
+
+def run_language_model(case: Case) -> dict[str, np.ndarray]:
+    load, names = LANGUAGE_MODELS[case.kind]
+    model = load(case)
+    objective = NextTokenLoss(model)
+    ids, padding = _lm_inputs(case)
+    loss, cache = objective.forward(ids, padding)
+    model.zero_grad()
+    objective.backward(1.0, cache)
+    produced = {"output/logits": cache.logits, "loss": loss}
+    produced.update({f"grad/{name}": g for name, g in names(model, case, True).items()})
+    return produced
+
+
+def gradcheck_language_model(case: Case) -> GradcheckReport:
+    """Random directions over every parameter at once (two forwards per direction)."""
+    ids, padding = _lm_inputs(case)
+    objective = NextTokenLoss(LANGUAGE_MODELS[case.kind][0](case))
+    return gradcheck_module(objective, ids, fast=True, title=case.kind,
+                            forward_kwargs={"key_padding_mask": padding})
+
+
+for _kind in LANGUAGE_MODELS:
+    RUNNERS[_kind] = (run_language_model, gradcheck_language_model)
 
 SECTION_ORDER = ("loss", "output", "act", "grad_act", "grad_input", "grad")
 

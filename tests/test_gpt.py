@@ -1,0 +1,142 @@
+"""Decoder-only models: the seed material's tiny GPT, the GPT-2 layout with weight tying, and
+their agreement with the torch module and Hugging Face GPT2LMHeadModel."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contract import assert_fixture_agrees, check_contract
+from numpy_tf import cross_entropy, gradcheck_module
+from numpy_tf.accounting import block_estimate, count_parameters, parameter_breakdown
+from numpy_tf.gpt import GPT, DecoderBlock, GPTConfig
+from numpy_tf.objectives import NextTokenLoss, shifted_targets
+
+SEED_IDS = np.array([[1, 3, 5, 7], [1, 4, 6, 8]])
+
+
+def _gpt2(**changes):
+    small = dict(vocab_size=24, max_context=10, width=16, heads=4, layers=2)
+    return GPTConfig.gpt2(**{**small, **changes})
+
+
+def test_tiny_gpt_of_the_seed_material():
+    model = GPT(GPTConfig.tiny())
+    assert count_parameters(model) == 7232
+    assert list(model.state_dict())[:8] == [
+        "tokens.weight", "positions.weight", "blocks.0.norm1.weight", "blocks.0.norm1.bias",
+        "blocks.0.norm2.weight", "blocks.0.norm2.bias", "blocks.0.attention.qkv.weight",
+        "blocks.0.attention.output.weight"]
+    assert "blocks.1.feedforward.2.bias" in model.state_dict()
+    assert list(model.state_dict())[-3:] == ["final_norm.weight", "final_norm.bias",
+                                             "output.weight"]
+    logits, _ = model.forward(SEED_IDS)
+    assert logits.shape == (2, 4, 20)
+    changed = SEED_IDS.copy()
+    changed[:, 3] = 9
+    changed_logits, _ = model.forward(changed)
+    np.testing.assert_array_equal(logits[:, :3], changed_logits[:, :3])
+    assert not np.array_equal(logits[:, 3], changed_logits[:, 3])
+
+
+def test_initialisation_is_normal_002_with_zero_biases():
+    model = GPT(GPTConfig.tiny(width=64, layers=1), rng=1)
+    weight = model.blocks[0].feedforward[0].weight.data
+    assert abs(weight.std() - 0.02) < 0.001 and abs(weight.mean()) < 0.001
+    assert not model.blocks[0].feedforward[0].bias.data.any()
+    np.testing.assert_array_equal(model.final_norm.weight.data, 1.0)
+
+
+@pytest.mark.parametrize("name", ["tiny_gpt", "gpt2_tied", "gpt2_untied", "gpt2_tied_padded"])
+def test_agrees_with_torch_and_hugging_face(name):
+    assert_fixture_agrees(name)
+
+
+def test_full_finite_differences_over_every_parameter_of_the_tiny_gpt():
+    model = GPT(GPTConfig.tiny(init_std=0.3), rng=2)
+    ids = np.random.default_rng(3).integers(0, 20, (2, 5))
+    report = gradcheck_module(NextTokenLoss(model), ids)
+    assert sum(row.shape and np.prod(row.shape) for row in report.rows) == 7232
+    assert report.passed, str(report)
+
+
+@given(norm_first=st.booleans(), tied=st.booleans(), activation=st.sampled_from(
+    ["gelu", "gelu_tanh", "relu"]), seed=st.integers(0, 2**16))
+def test_fast_gradient_check_of_every_layout(norm_first, tied, activation, seed):
+    config = _gpt2(norm_first=norm_first, tied=tied, activation=activation, init_std=0.3,
+                   layers=1)
+    model = GPT(config, rng=seed)
+    ids = np.random.default_rng(seed).integers(0, 24, (2, 6))
+    padding = np.zeros((2, 6), dtype=bool)
+    padding[1, 4:] = True
+    report = gradcheck_module(NextTokenLoss(model), ids, fast=True, seed=seed,
+                              forward_kwargs={"key_padding_mask": padding})
+    assert report.passed, str(report)
+
+
+def test_post_ln_block_full_gradient_check():
+    block = DecoderBlock(GPTConfig.tiny(norm_first=False, width=8, heads=2), rng=4)
+    x = np.random.default_rng(5).standard_normal((2, 3, 8))
+    report = gradcheck_module(block, x)
+    assert report.passed, str(report)
+
+
+def test_tied_gradient_is_the_sum_of_the_two_untied_uses():
+    tied = GPT(_gpt2(init_std=0.3), rng=6)
+    untied = GPT(_gpt2(init_std=0.3, tied=False), rng=6)
+    state = dict(tied.state_dict())
+    untied.load_state_dict(state)               # the untied head starts equal to the embedding
+    ids = np.random.default_rng(7).integers(0, 24, (2, 7))
+    for model in (tied, untied):
+        logits, cache = model.forward(ids)
+        _, dlogits = cross_entropy(logits, shifted_targets(ids))
+        model.zero_grad()
+        model.backward(dlogits, cache)
+    assert tied.output.weight is tied.tokens.weight
+    np.testing.assert_allclose(tied.tokens.weight.grad,
+                               untied.tokens.weight.grad + untied.output.weight.grad,
+                               rtol=1e-12, atol=1e-14)
+    assert count_parameters(untied) - count_parameters(tied) == 24 * 16
+
+
+def test_right_padding_changes_nothing_for_the_real_tokens():
+    model = GPT(_gpt2(init_std=0.3), rng=8)
+    rng = np.random.default_rng(9)
+    real = rng.integers(0, 24, (1, 5))
+    padded = np.concatenate([real, rng.integers(0, 24, (1, 3))], axis=1)
+    mask = np.array([[False] * 5 + [True] * 3])
+    alone, _ = model.forward(real)
+    with_padding, _ = model.forward(padded, key_padding_mask=mask)
+    np.testing.assert_allclose(with_padding[:, :5], alone, rtol=1e-13, atol=1e-14)
+    loss_alone, _ = NextTokenLoss(model).forward(real)
+    loss_padded, _ = NextTokenLoss(model).forward(padded, mask)
+    assert float(loss_padded) == pytest.approx(float(loss_alone), rel=1e-13)
+
+
+def test_twelve_d_squared_per_block():
+    for width in (16, 64, 768):
+        model = GPT(GPTConfig.tiny(width=width, heads=4, layers=1, vocab_size=2, max_context=1))
+        exact = parameter_breakdown(model)["blocks.0"]
+        assert exact == 12 * width**2 + 9 * width        # FFN biases 5d, two LayerNorms 4d
+        assert (exact - block_estimate(width)) / exact == pytest.approx(9 / (12 * width + 9))
+
+
+def test_contract():
+    check_contract(lambda dtype: GPT(_gpt2(), dtype=dtype), (SEED_IDS,))
+
+
+def test_bad_input():
+    model = GPT(GPTConfig.tiny())
+    ids = np.zeros((2, 5), dtype=np.int64)
+    ids[1, 4] = 23
+    with pytest.raises(ValueError, match=r"ids must be integers in \[0, 20\); got 23 at "
+                                         r"position \(1, 4\)"):
+        model.forward(ids)
+    with pytest.raises(ValueError, match="ids has 9 positions after 0 cached ones, more than "
+                                         "max_context = 8"):
+        model.forward(np.zeros((1, 9), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, Tk\) = "
+                                         r"\(1, 3\); got \(3, 1\)"):
+        model.forward(np.zeros((1, 3), dtype=np.int64),
+                      key_padding_mask=np.zeros((3, 1), dtype=bool))
+    with pytest.raises(ValueError, match=r"ids must have 2 dimensions \(B, T\)"):
+        model.forward(np.zeros(3, dtype=np.int64))
