@@ -33,8 +33,11 @@ from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_
 from .special import erf, erfc
 from .feedforward import SwiGLU, feedforward, swiglu_backward, swiglu_forward
 from .gpt import GPT, DecoderBlock, GPTConfig
-from .objectives import NextTokenLoss, shifted_targets
+from .objectives import NextTokenLoss, TargetLoss, shifted_targets
 from .accounting import count_parameters, parameter_breakdown
+from .generate import generate, sample_next, sampling_probabilities
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .train import Trainer, TrainingStopped, TrainSettings
 from . import interop
 from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
 from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, CBOWPairs,

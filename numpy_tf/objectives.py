@@ -52,3 +52,29 @@ class NextTokenLoss(Module):
 
     def backward(self, dloss, cache: NextTokenLossCache):
         return self.model.backward(cross_entropy_backward(dloss, cache.loss), cache.model)
+
+
+class TargetLossCache(NamedTuple):
+    model: tuple
+    loss: CrossEntropyCache
+    logits: np.ndarray
+
+
+class TargetLoss(Module):
+    """forward(inputs, targets, **model_kwargs) -> (mean cross-entropy of model(inputs)
+    against targets, cache), targets already aligned with the logits (ignore_index where no
+    target): the objective of next-token windows, whose targets come shifted."""
+
+    def __init__(self, model: Module, ignore_index: int = -100, label_smoothing: float = 0.0):
+        super().__init__(model.dtype)
+        self.model = model
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+
+    def forward(self, inputs, targets, **model_kwargs):
+        logits, model_cache = self.model.forward(inputs, **model_kwargs)
+        loss, loss_cache = cross_entropy_forward(logits, targets, self.ignore_index,
+                                                 self.label_smoothing)
+        return loss, TargetLossCache(model_cache, loss_cache, logits)
+
+    def backward(self, dloss, cache: TargetLossCache):
+        return self.model.backward(cross_entropy_backward(dloss, cache.loss), cache.model)

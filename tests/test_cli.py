@@ -43,3 +43,33 @@ def test_check_reports_an_unreadable_file_as_a_failure(tmp_path, capsys):
 def test_check_with_no_match_is_an_error(capsys):
     assert main(["check", "--only", "no-such-layer"]) == 1
     assert np is not None
+
+
+def test_train_then_sample(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("abc abd abe abf " * 40 + "中文 🙂\n")
+    out = tmp_path / "run"
+    assert main(["train", "--text", str(text), "--config", "tiny-gpt", "--steps", "6",
+                 "--batch-size", "4", "--out", str(out), "--log-every", "3",
+                 "--sample-tokens", "5", "--prompt", "ab"]) == 0
+    printed = capsys.readouterr().out
+    assert "loss" in printed and "sample: ab" in printed
+    assert (out / "checkpoint.npz").is_file() and (out / "history.csv").is_file()
+    assert main(["sample", str(out / "checkpoint.npz"), "--prompt", "abc", "--tokens", "12",
+                 "--seed", "3"]) == 0
+    first = capsys.readouterr().out
+    assert main(["sample", str(out / "checkpoint.npz"), "--prompt", "abc", "--tokens", "12",
+                 "--seed", "3"]) == 0
+    assert capsys.readouterr().out == first and first.startswith("abc")
+
+
+def test_train_and_sample_errors_are_one_line_and_status_2(tmp_path, capsys):
+    assert main(["train", "--config", "no-such", "--steps", "1"]) == 2
+    assert "neither a preset" in capsys.readouterr().err
+    assert main(["train", "--text", str(tmp_path / "missing.txt")]) == 2
+    assert "cannot read it as UTF-8" in capsys.readouterr().err
+    assert main(["sample", str(tmp_path / "missing.npz"), "--prompt", "a"]) == 2
+    assert "no such .npz file" in capsys.readouterr().err
+    assert main(["sample", str(tmp_path / "missing.npz"), "--prompt", "a",
+                 "--temperature", "-1"]) == 2
+    assert "temperature must be" in capsys.readouterr().err

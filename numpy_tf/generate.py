@@ -1,0 +1,131 @@
+"""Generation: sampling the next token, and decoding with a KV cache.
+
+The KV cache is run state, passed in and returned, never stored on a layer: a model's forward
+takes `past_kv` (one (k, v) per block, the keys and values of every earlier position) and its
+cache returns `present`, the same grown by the new positions. So after the prompt, each new
+token costs one position's worth of work instead of a forward over the whole prefix.
+
+Sampling from logits z (one row per sequence):
+    temperature 0         greedy: argmax z
+    temperature t > 0     p = softmax(z / t)
+    top_k = k             only the k largest logits keep their probability
+    top_p = p             only the smallest set of most probable tokens whose probability
+                          reaches p (never empty: the most probable token always stays)
+then one draw from the renormalised p with an explicit numpy Generator, so a seed reproduces
+the text.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import validate
+from .core import Module
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 is greedy); got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
+                              or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1 (or None); got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1] (or None); got {top_p!r}")
+
+
+def sampling_probabilities(logits: np.ndarray, temperature: float = 1.0,
+                           top_k: int | None = None, top_p: float | None = None) -> np.ndarray:
+    """(B, V) float64 probabilities of the next token after temperature, top-k and top-p."""
+    check_sampling(temperature, top_k, top_p)
+    validate.float_array("logits", logits, ndim=2, shape="(B, V)")
+    z = logits.astype(np.float64)
+    if temperature == 0:
+        probs = np.zeros_like(z)
+        probs[np.arange(len(z)), z.argmax(axis=-1)] = 1.0
+        return probs
+    z = z / float(temperature)
+    if top_k is not None and top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]   # the k-th largest
+        z = np.where(z >= kth, z, -np.inf)
+    probs = np.exp(z - z.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        sorted_probs = np.take_along_axis(probs, order, axis=-1)
+        before = np.cumsum(sorted_probs, axis=-1) - sorted_probs      # mass ranked above each
+        keep_sorted = before < top_p                                    # first one always kept
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
+
+
+def sample_next(logits: np.ndarray, rng: np.random.Generator | None = None,
+                temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None) -> np.ndarray:
+    """(B,) int64 next tokens for logits (B, V); greedy when temperature is 0."""
+    probs = sampling_probabilities(logits, temperature, top_k, top_p)
+    if temperature == 0:
+        return probs.argmax(axis=-1).astype(np.int64)
+    rng = validate.generator("rng", rng)
+    cumulative = np.cumsum(probs, axis=-1)
+    draws = rng.random(len(probs))[:, None] * cumulative[:, -1:]
+    return (cumulative <= draws).sum(axis=-1).clip(max=probs.shape[-1] - 1).astype(np.int64)
+
+
+def _max_context(model: Module) -> int | None:
+    return getattr(getattr(model, "config", None), "max_context", None)
+
+
+def generate(model: Module, prompt: np.ndarray, max_new_tokens: int, *,
+             rng: np.random.Generator | None = None, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
+             use_cache: bool = True, slide: bool = False) -> np.ndarray:
+    """Continue `prompt` (B, T0) by up to `max_new_tokens` tokens; returns (B, T0 + n).
+
+    With use_cache (the default) the prompt runs once and each new token is one position
+    through the model with `past_kv`; without, every step recomputes the whole prefix (the
+    slow way, kept to check the fast one against). Generation stops early once every sequence
+    has produced `eos_id`; a sequence that finished keeps receiving eos_id.
+
+    A model with learned positions sees at most max_context tokens: a longer request is an
+    error, unless `slide`, which, once the context is full, recomputes each step over the
+    last max_context tokens (without a cache: their positions have all moved)."""
+    validate.integer_array("prompt", prompt, ndim=2, shape="(B, T)")
+    max_new_tokens = validate.non_negative_int("max_new_tokens", max_new_tokens)
+    check_sampling(temperature, top_k, top_p)
+    if temperature > 0:
+        validate.generator("rng", rng)
+    if prompt.shape[1] == 0:
+        raise ValueError("prompt must hold at least one token per sequence; got shape "
+                         f"{prompt.shape}")
+    limit = _max_context(model)
+    if limit is not None and prompt.shape[1] > limit:
+        raise ValueError(f"prompt has {prompt.shape[1]} tokens, more than the model's "
+                         f"max_context = {limit} learned positions")
+    if limit is not None and prompt.shape[1] + max_new_tokens > limit and not slide:
+        raise ValueError(f"prompt has {prompt.shape[1]} tokens and {max_new_tokens} more were "
+                         f"asked for, beyond the model's max_context = {limit} learned "
+                         f"positions; ask for at most {max(0, limit - prompt.shape[1])} tokens")
+    tokens = prompt.astype(np.int64)
+    finished = np.zeros(len(tokens), dtype=bool)
+    past, step_input = None, tokens
+    for _ in range(max_new_tokens):
+        if limit is not None and tokens.shape[1] >= limit:      # slide: a full window each step
+            logits, _ = model.forward(tokens[:, -limit:])
+        elif use_cache:
+            logits, cache = model.forward(step_input, past_kv=past)
+            past = cache.present
+        else:
+            logits, _ = model.forward(tokens)
+        next_ids = sample_next(logits[:, -1], rng, temperature, top_k, top_p)
+        if eos_id is not None:
+            next_ids = np.where(finished, eos_id, next_ids)
+            finished |= next_ids == eos_id
+        tokens = np.concatenate([tokens, next_ids[:, None]], axis=1)
+        step_input = next_ids[:, None]
+        if eos_id is not None and finished.all():
+            break
+    return tokens
