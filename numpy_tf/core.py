@@ -14,6 +14,7 @@ This file imports nothing of numpy_tf.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Iterator, Mapping
 
 import numpy as np
@@ -60,6 +61,24 @@ class Parameter:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
 
 
+_RECORDERS: list["Recorder"] = []      # the active recorders (see record_activations)
+
+
+def _recorded(method, kind: str):
+    """Wrap a Module's forward or backward so an active Recorder sees its output (forward) or
+    the gradient it was given (backward). With no recorder active this costs one list check."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        result = method(self, *args, **kwargs)
+        if _RECORDERS:
+            value = result[0] if kind == "forward" else args[0]
+            for recorder in _RECORDERS:
+                recorder.record(kind, self, value)
+        return result
+    wrapper.__recorded__ = True
+    return wrapper
+
+
 class Module:
     """A holder of Parameters and sub-Modules, named by attribute path as torch names them.
 
@@ -67,6 +86,13 @@ class Module:
     attributes. Like torch, a module lists its own Parameters before those of its children,
     each group in assignment order.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for kind in ("forward", "backward"):
+            method = cls.__dict__.get(kind)
+            if method is not None and not getattr(method, "__recorded__", False):
+                setattr(cls, kind, _recorded(method, kind))
 
     def __init__(self, dtype=np.float64):
         self.dtype = float_dtype(dtype)
@@ -201,6 +227,48 @@ class Module:
         children = [f"  {name}: {type(value).__name__}" for name, value in self._own()]
         return f"{type(self).__name__}(\n" + "\n".join(children) + "\n)" if children else \
             f"{type(self).__name__}()"
+
+
+class Recorder:
+    """What record_activations collects: for every named module (not the root) its forward
+    output (`activations`) and the gradient its backward was given (`gradients`, the gradient
+    of the loss with respect to that output), keyed by the module's name, in call order. A
+    module called twice in one pass gets `name#2` for its second call."""
+
+    def __init__(self, model: "Module"):
+        self.names = {id(module): name for name, module in model.named_modules() if name}
+        self.activations: dict[str, np.ndarray] = {}
+        self.gradients: dict[str, np.ndarray] = {}
+        self._last: dict[tuple, object] = {}
+
+    def record(self, kind: str, module: "Module", value) -> None:
+        name = self.names.get(id(module))
+        if name is None or not isinstance(value, np.ndarray):
+            return
+        if self._last.get((kind, id(module))) is value:
+            return                          # the same call seen again (a super().forward)
+        self._last[(kind, id(module))] = value
+        store = self.activations if kind == "forward" else self.gradients
+        key, count = name, 1
+        while key in store:
+            count += 1
+            key = f"{name}#{count}"
+        store[key] = value.copy()
+
+
+class record_activations:
+    """with record_activations(model) as recorder: run forward and backward; then
+    recorder.activations and recorder.gradients hold every module's output and its gradient."""
+
+    def __init__(self, model: Module):
+        self.recorder = Recorder(model)
+
+    def __enter__(self) -> Recorder:
+        _RECORDERS.append(self.recorder)
+        return self.recorder
+
+    def __exit__(self, *exc) -> None:
+        _RECORDERS.remove(self.recorder)
 
 
 class ModuleList(Module):

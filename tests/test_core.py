@@ -137,3 +137,23 @@ def test_sequential_backward_runs_in_reverse_order():
 def test_parameter_refuses_non_float_data():
     with pytest.raises(TypeError, match="float32 or float64"):
         Parameter(np.zeros(3, dtype=np.int32))
+
+
+def test_record_activations_names_outputs_and_their_gradients_in_call_order():
+    from numpy_tf.core import record_activations
+
+    model = Tied()
+    ids = np.array([[1, 2, 3]])
+    x, tokens = model.tokens.forward(ids)
+    with record_activations(model) as recorder:
+        y, cache = model.blocks[0].forward(x)
+        dy = np.random.default_rng(0).standard_normal(y.shape)
+        model.blocks[0].backward(dy, cache)
+    assert list(recorder.activations) == ["blocks.0.0", "blocks.0.1", "blocks.0.2",
+                                          "blocks.0"]
+    np.testing.assert_array_equal(recorder.activations["blocks.0"], y)
+    assert list(recorder.gradients) == ["blocks.0", "blocks.0.2", "blocks.0.1", "blocks.0.0"]
+    np.testing.assert_array_equal(recorder.gradients["blocks.0.2"], dy)
+    # outside the context nothing is recorded
+    model.blocks[0].forward(x)
+    assert len(recorder.activations) == 4
