@@ -69,11 +69,13 @@ def _recorded(method, kind: str):
     the gradient it was given (backward). With no recorder active this costs one list check."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        result = method(self, *args, **kwargs)
-        if _RECORDERS:
-            value = result[0] if kind == "forward" else args[0]
+        if _RECORDERS and kind == "backward":          # the gradient arriving, at entry
             for recorder in _RECORDERS:
-                recorder.record(kind, self, value)
+                recorder.record(kind, self, args[0])
+        result = method(self, *args, **kwargs)
+        if _RECORDERS and kind == "forward":           # the output leaving, at exit
+            for recorder in _RECORDERS:
+                recorder.record(kind, self, result[0])
         return result
     wrapper.__recorded__ = True
     return wrapper
