@@ -2,6 +2,8 @@
 
     numpy-tf check [--json] [--only PATTERN] [--fixtures DIR]
         every layer against its torch fixtures and finite differences, one table
+    numpy-tf params --config FILE_OR_NAME [--json]
+        the exact parameter count of a config, per component, without building the model
 """
 from __future__ import annotations
 
@@ -60,6 +62,22 @@ def check(args) -> int:
     return 0 if passed else 1
 
 
+def params(args) -> int:
+    from .accounting import account
+
+    try:
+        accounting = account(args.config)
+    except (ValueError, TypeError, OSError) as error:
+        print(f"numpy-tf params: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"config": args.config, **accounting.to_dict()}, indent=1))
+    else:
+        print(f"numpy-tf params --config {args.config}")
+        print(accounting)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="numpy-tf", description="numpy_tf: a pure-NumPy "
                                      "Transformer reference with checked backward passes")
@@ -72,6 +90,14 @@ def main(argv=None) -> int:
     check_parser.add_argument("--fixtures", type=Path, default=None,
                               help="a folder of case files (default: the packaged fixtures)")
     check_parser.set_defaults(run=check)
+    params_parser = commands.add_parser(
+        "params", help="count a config's parameters per component, without allocating them")
+    params_parser.add_argument("--config", required=True, metavar="FILE_OR_NAME",
+                               help="a config.json (HF gpt2/llama/bert, or numpy_tf GPTConfig "
+                                    "as JSON), a folder holding one, or a preset: gpt2, "
+                                    "llama-2-7b, bert-base-uncased, tiny-gpt")
+    params_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    params_parser.set_defaults(run=params)
     args = parser.parse_args(argv)
     return args.run(args)
 
