@@ -6,6 +6,8 @@
         train a model (by default the tiny GPT on the text that ships with numpy_tf)
     numpy-tf sample CHECKPOINT --prompt TEXT [--tokens N] [--temperature T] ...
         continue a prompt with a trained checkpoint
+    numpy-tf params --config FILE_OR_NAME [--json]
+        the exact parameter count of a config, per component, without building the model
 """
 from __future__ import annotations
 
@@ -179,6 +181,22 @@ def sample(args) -> int:
     return 0
 
 
+# -- params -----------------------------------------------------------------------------------
+def params(args) -> int:
+    from .accounting import account
+
+    try:
+        accounting = account(args.config)
+    except (ValueError, TypeError, OSError) as error:
+        raise UserError(str(error)) from None
+    if args.json:
+        print(json.dumps({"config": args.config, **accounting.to_dict()}, indent=1))
+    else:
+        print(f"numpy-tf params --config {args.config}")
+        print(accounting)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="numpy-tf", description="numpy_tf: a pure-NumPy "
                                      "Transformer reference with checked backward passes")
@@ -220,12 +238,23 @@ def main(argv=None) -> int:
     sample_parser.add_argument("--seed", type=int, default=0)
     sample_parser.set_defaults(run=sample)
 
+    params_parser = commands.add_parser(
+        "params", help="count a config's parameters per component, without allocating them")
+    params_parser.add_argument("--config", required=True, metavar="FILE_OR_NAME",
+                               help="a config.json (HF gpt2/llama/bert, or numpy_tf GPTConfig "
+                                    "as JSON), a folder holding one, or a preset: gpt2, "
+                                    "llama-2-7b, bert-base-uncased, tiny-gpt")
+    params_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    params_parser.set_defaults(run=params)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
     except UserError as error:
         print(f"numpy-tf {args.command}: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:             # `numpy-tf ... | head` closed the pipe: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

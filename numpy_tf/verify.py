@@ -19,13 +19,14 @@ import numpy as np
 from .activations import GELU, ReLU, SiLU
 from .attention import ScaledDotProductAttention
 from .cases import Case
+from .cbow import CBOW
 from .core import Module, Parameter
 from .embedding import Embedding
 from .gpt import GPT, GPTConfig
 from .gradcheck import GradcheckReport, gradcheck_module
 from .interop import from_hf, to_hf
 from .linear import Linear
-from .loss import CrossEntropyLoss
+from .loss import CrossEntropyLoss, cross_entropy
 from .multihead import MultiHeadAttention, TorchMultiheadAttention
 from .objectives import NextTokenLoss
 from .optim import SGD, Adam, AdamW, clip_grad_norm
@@ -122,6 +123,23 @@ def run_schedule_case(case: Case) -> dict[str, np.ndarray]:
     return {"output/lambda_lr": lrs, "output/composed_lr": lrs}
 
 
+def _cbow(case: Case) -> CBOW:
+    model = CBOW(case.meta["config"]["vocab_size"], case.meta["config"]["dim"], dtype=case.dtype)
+    model.load_state_dict(case.section("param"))
+    return model
+
+
+def run_cbow_case(case: Case) -> dict[str, np.ndarray]:
+    """The logits, the mean cross-entropy against the centres, every parameter gradient."""
+    model = _cbow(case)
+    logits, cache = model.forward(case.arrays["input/contexts"])
+    loss, dlogits = cross_entropy(logits, case.arrays["input/centres"])
+    model.zero_grad()
+    model.backward(dlogits, cache)
+    return {"output/logits": logits, "loss": loss,
+            **{f"grad/{name}": gradient for name, gradient in model.grad_dict().items()}}
+
+
 # kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's
 # steps, a whole model's loss): run(case) -> {key: array} for the keys the case holds, and
 # gradcheck(case) -> GradcheckReport, or None when finite differences do not apply.
@@ -129,6 +147,8 @@ RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckRepor
     "optimizer": (run_optimizer_case, lambda case: None),
     "clip_grad_norm": (run_clip_case, lambda case: None),
     "lr_schedule": (run_schedule_case, lambda case: None),
+    "cbow": (run_cbow_case, lambda case: gradcheck_module(
+        _cbow(case), case.arrays["input/contexts"], title="cbow")),
 }
 
 
