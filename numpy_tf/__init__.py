@@ -33,7 +33,10 @@ from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_
 from .special import erf, erfc
 from .feedforward import SwiGLU, feedforward, swiglu_backward, swiglu_forward
 from .gpt import GPT, DecoderBlock, GPTConfig
-from .objectives import NextTokenLoss, shifted_targets
+from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
+                          TransformerEncoder, TransformerEncoderLayer)
+from .seq2seq import Seq2Seq, Seq2SeqConfig
+from .objectives import NextTokenLoss, Seq2SeqLoss, shifted_targets
 from .accounting import count_parameters, parameter_breakdown
 from . import interop
 from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
