@@ -33,7 +33,10 @@ from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_
 from .special import erf, erfc
 from .feedforward import SwiGLU, feedforward, swiglu_backward, swiglu_forward
 from .gpt import GPT, DecoderBlock, GPTConfig
-from .objectives import NextTokenLoss, TargetLoss, shifted_targets
+from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
+                          TransformerEncoder, TransformerEncoderLayer)
+from .seq2seq import Seq2Seq, Seq2SeqConfig
+from .objectives import NextTokenLoss, Seq2SeqLoss, TargetLoss, shifted_targets
 from .accounting import Accounting, account, count_parameters, parameter_breakdown
 from .generate import generate, sample_next, sampling_probabilities
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint

@@ -24,16 +24,17 @@ from .core import Module, Parameter
 from .embedding import Embedding
 from .gpt import GPT, GPTConfig
 from .gradcheck import GradcheckReport, gradcheck_module
-from .interop import from_hf, to_hf
+from .interop import from_hf, to_hf, torch_equivalent
 from .linear import Linear
 from .loss import CrossEntropyLoss, cross_entropy
-from .multihead import MultiHeadAttention, TorchMultiheadAttention
-from .objectives import NextTokenLoss
+from .multihead import MultiHeadAttention
+from .objectives import NextTokenLoss, Seq2SeqLoss
 from .optim import SGD, Adam, AdamW, clip_grad_norm
 from .schedule import warmup_cosine
 from .norm import LayerNorm, RMSNorm
 from .positions import LearnedPositions, SinusoidalPositions
 from .rope import RotaryEmbedding
+from .seq2seq import Seq2Seq, Seq2SeqConfig
 from .softmax import LogSoftmax, Softmax
 from .tolerances import Tolerance, torch_tolerance
 
@@ -52,8 +53,8 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
                                                        c["label_smoothing"], c["reduction"],
                                                        dtype),
     "sdpa": lambda c, dtype: ScaledDotProductAttention(c["is_causal"], dtype=dtype),
-    "multihead_attention": lambda c, dtype: TorchMultiheadAttention(
-        c["embed_dim"], c["num_heads"], c["dropout"], c["bias"], dtype=dtype),
+    "multihead_attention": lambda c, dtype: torch_equivalent("multihead_attention", c, dtype),
+    "transformer": lambda c, dtype: torch_equivalent("transformer", c, dtype),
     "gqa_attention": lambda c, dtype: MultiHeadAttention(
         c["width"], c["num_heads"], c["num_kv_heads"], bias=c["bias"], dtype=dtype),
     "layernorm": lambda c, dtype: LayerNorm(c["normalized_shape"], c["eps"],
@@ -195,6 +196,31 @@ def gradcheck_language_model(case: Case) -> GradcheckReport:
 
 for _kind in LANGUAGE_MODELS:
     RUNNERS[_kind] = (run_language_model, gradcheck_language_model)
+
+
+# -- the sequence-to-sequence model: logits, the teacher-forced loss, every parameter gradient --
+def _seq2seq_loss(case: Case):
+    model = _loaded(Seq2Seq(Seq2SeqConfig(**case.meta["config"]), dtype=case.dtype), case)
+    inputs = [case.arrays.get(f"input/{name}") for name in
+              ("src_ids", "tgt_ids", "target", "src_key_padding_mask", "tgt_key_padding_mask")]
+    return Seq2SeqLoss(model), inputs
+
+
+def run_seq2seq(case: Case) -> dict[str, np.ndarray]:
+    objective, inputs = _seq2seq_loss(case)
+    loss, cache = objective.forward(*inputs)
+    objective.zero_grad()
+    objective.backward(1.0, cache)
+    return {"output/logits": cache.logits, "loss": loss,
+            **{f"grad/{name}": g for name, g in objective.model.grad_dict().items()}}
+
+
+def gradcheck_seq2seq(case: Case) -> GradcheckReport:
+    objective, inputs = _seq2seq_loss(case)
+    return gradcheck_module(objective, *inputs, fast=True, title=case.kind)
+
+
+RUNNERS["seq2seq"] = (run_seq2seq, gradcheck_seq2seq)
 
 SECTION_ORDER = ("loss", "output", "act", "grad_act", "grad_input", "grad")
 

@@ -23,8 +23,9 @@ import norm  # noqa: E402
 import optim  # noqa: E402
 import positions  # noqa: E402
 import rope  # noqa: E402
+import transformer  # noqa: E402
 
-FAMILIES = [layers, norm, positions, rope, attention, optim, gpt, cbow]
+FAMILIES = [layers, norm, positions, rope, attention, optim, gpt, cbow, transformer]
 
 
 def main(argv=None) -> int:
