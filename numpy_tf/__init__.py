@@ -33,6 +33,7 @@ from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_
 from .special import erf, erfc
 from .feedforward import SwiGLU, feedforward, swiglu_backward, swiglu_forward
 from .gpt import GPT, DecoderBlock, GPTConfig
+from .llama import Llama, LlamaConfig, LlamaDecoderLayer
 from .objectives import NextTokenLoss, shifted_targets
 from .accounting import count_parameters, parameter_breakdown
 from . import interop
