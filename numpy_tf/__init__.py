@@ -33,6 +33,7 @@ from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_
 from .special import erf, erfc
 from .feedforward import SwiGLU, feedforward, swiglu_backward, swiglu_forward
 from .gpt import GPT, DecoderBlock, GPTConfig
+from .llama import Llama, LlamaConfig, LlamaDecoderLayer
 from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
                           TransformerEncoder, TransformerEncoderLayer)
 from .seq2seq import Seq2Seq, Seq2SeqConfig

@@ -22,6 +22,7 @@ from .cases import Case
 from .cbow import CBOW
 from .core import Module, Parameter
 from .embedding import Embedding
+from .feedforward import SwiGLU, feedforward
 from .gpt import GPT, GPTConfig
 from .gradcheck import GradcheckReport, gradcheck_module
 from .interop import from_hf, to_hf, torch_equivalent
@@ -65,6 +66,10 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
                                                            dtype=dtype),
     "sinusoidal_positions": lambda c, dtype: SinusoidalPositions(c["width"], dtype),
     "rope": lambda c, dtype: RotaryEmbedding(c["head_dim"], c["base"], c["interleaved"], dtype),
+    "swiglu": lambda c, dtype: SwiGLU(c["hidden_size"], c["intermediate_size"], c["mlp_bias"],
+                                      dtype=dtype),
+    "feedforward": lambda c, dtype: feedforward(c["width"], c["hidden"], c["activation"],
+                                                c["bias"], dtype=dtype),
 }
 
 def run_optimizer_case(case: Case) -> dict[str, np.ndarray]:
@@ -155,12 +160,14 @@ RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckRepor
 
 # -- whole language models: logits, the next-token loss and every parameter gradient ----------
 # kind -> (load(case) -> model, names(model, case, grads) -> {case name: array})
+_HUGGING_FACE = (lambda case: from_hf(case.meta["config"], case.section("param"), case.dtype),
+                 lambda model, case, grads: to_hf(model, case.meta["config"], grads))
 LANGUAGE_MODELS = {
     "tiny_gpt": (lambda case: _loaded(GPT(GPTConfig.tiny(**case.meta["config"]),
                                           dtype=case.dtype), case),
                  lambda model, case, grads: model.grad_dict() if grads else model.state_dict()),
-    "hf_gpt2": (lambda case: from_hf(case.meta["config"], case.section("param"), case.dtype),
-                lambda model, case, grads: to_hf(model, case.meta["config"], grads)),
+    "hf_gpt2": _HUGGING_FACE,
+    "hf_llama": _HUGGING_FACE,
 }
 
 
