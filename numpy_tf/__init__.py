@@ -39,7 +39,7 @@ from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLay
 from .seq2seq import Seq2Seq, Seq2SeqConfig
 from .objectives import NextTokenLoss, Seq2SeqLoss, TargetLoss, shifted_targets
 from .accounting import Accounting, account, count_parameters, parameter_breakdown
-from .generate import generate, sample_next, sampling_probabilities
+from .generate import generate, generate_seq2seq, sample_next, sampling_probabilities
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .train import Trainer, TrainingStopped, TrainSettings
 from . import interop
