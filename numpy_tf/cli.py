@@ -145,6 +145,23 @@ def train_reverse_digits(args) -> int:
     return 0
 
 
+def _tokenizer(spec: str, text: str):
+    """"byte" (UTF-8 bytes and specials) or "bpe:N" (byte-level BPE trained on the text up to
+    N tokens)."""
+    from .text import BPETokenizer, ByteTokenizer
+
+    if spec == "byte":
+        return ByteTokenizer()
+    size = spec[4:] if spec.startswith("bpe:") else ""
+    if not size.isdigit():
+        raise UserError(f"--tokenizer must be 'byte' or 'bpe:N' (N the vocabulary size); got "
+                        f"{spec!r}")
+    try:
+        return BPETokenizer.train(text, int(size))
+    except ValueError as error:
+        raise UserError(f"--tokenizer {spec}: {error}") from None
+
+
 def train(args) -> int:
     import numpy as np
 
@@ -154,8 +171,6 @@ def train(args) -> int:
     from .data import default_corpus
     from .generate import generate
     from .train import TrainSettings, language_model_trainer
-    from .text import ByteTokenizer
-
     if args.text is None:
         text, source = default_corpus(), "the text that ships with numpy_tf"
     else:
@@ -163,7 +178,7 @@ def train(args) -> int:
             text, source = Path(args.text).read_text(encoding="utf-8"), args.text
         except (OSError, UnicodeDecodeError) as error:
             raise UserError(f"--text {args.text}: cannot read it as UTF-8 ({error})") from None
-    tokenizer = ByteTokenizer()
+    tokenizer = _tokenizer(args.tokenizer, text)
     config = _train_config(args.config, tokenizer.vocab_size)
     settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                              min_lr=args.lr / 10, warmup=min(100, args.steps // 10),
@@ -175,7 +190,7 @@ def train(args) -> int:
                                      checkpoint_path=out / "checkpoint.npz",
                                      dtype=np.dtype(args.dtype))
     print(f"training a {trainer.model.num_parameters():,}-parameter GPT ({args.dtype}) on "
-          f"{source}: {trainer.extra_meta['tokens']:,} byte tokens, "
+          f"{source}: {trainer.extra_meta['tokens']:,} tokens ({tokenizer!r}), "
           f"{trainer.extra_meta['held_out_tokens']:,} held out")
     started = time.perf_counter()
     trainer.run()
@@ -261,6 +276,9 @@ def main(argv=None) -> int:
                               help="text: a GPT on a text (default); reverse-digits: the "
                                    "encoder-decoder learns to reverse digit strings")
     train_parser.add_argument("--text", help="a UTF-8 text file (default: the shipped text)")
+    train_parser.add_argument("--tokenizer", default="byte",
+                              help="byte (default) or bpe:N, a byte-level BPE of N tokens "
+                                   "trained on the text and saved in the checkpoint")
     train_parser.add_argument("--config", default="char-gpt",
                               help=f"a preset ({', '.join(TRAIN_PRESETS)}) or a JSON file of "
                                    "GPTConfig fields (default char-gpt)")
