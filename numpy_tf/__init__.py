@@ -44,6 +44,8 @@ from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .train import Trainer, TrainingStopped, TrainSettings
 from . import interop
 from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
+from .gguf_tokenizer import GGUFTokenizer, smollm2_chat
+from . import pretrained
 from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, CBOWPairs,
                    ReverseDigits, SlidingWindowDataset, batch_indices, cbow_pairs,
                    default_corpus, reverse_digits, split_documents, split_stream,
