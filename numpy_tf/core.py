@@ -34,16 +34,33 @@ def float_dtype(dtype) -> np.dtype:
 
 
 class Parameter:
-    """A trainable array and its gradient. `grad` starts at zero and only ever grows by `+=`."""
+    """A trainable array and its gradient. `grad` starts at zero and only ever grows by `+=`.
 
-    __slots__ = ("data", "grad")
+    The gradient array is allocated the first time it is used, so a model that only runs
+    forward (inference, generation) holds its weights once, not twice."""
+
+    __slots__ = ("data", "_grad")
 
     def __init__(self, data: np.ndarray):
         if not isinstance(data, np.ndarray) or data.dtype not in FLOAT_DTYPES:
             raise TypeError("Parameter data must be a float32 or float64 numpy array; "
                             f"got {getattr(data, 'dtype', type(data).__name__)}")
         self.data = data
-        self.grad = np.zeros_like(data)
+        self._grad = None
+
+    @property
+    def grad(self) -> np.ndarray:
+        if self._grad is None:
+            self._grad = np.zeros_like(self.data)
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: np.ndarray) -> None:
+        self._grad = value
+
+    def zero_grad(self) -> None:
+        if self._grad is not None:
+            self._grad.fill(0)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -161,7 +178,7 @@ class Module:
 
     def zero_grad(self) -> None:
         for parameter in self.parameters():
-            parameter.grad.fill(0)
+            parameter.zero_grad()
 
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -222,7 +239,7 @@ class Module:
             module.dtype = dtype
         for parameter in clone.parameters():
             parameter.data = parameter.data.astype(dtype)
-            parameter.grad = np.zeros_like(parameter.data)
+            parameter.grad = None
         return clone
 
     def __repr__(self) -> str:

@@ -41,6 +41,9 @@ def save_npz(path, arrays: Mapping[str, np.ndarray]) -> None:
                                                   allow_pickle=False)
             handle.flush()
             os.fsync(handle.fileno())
+        umask = os.umask(0)                 # mkstemp makes the file private (0600); give it
+        os.umask(umask)                     # the permissions a plain open() would
+        os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):

@@ -114,7 +114,7 @@ class Optimizer:
 
     def zero_grad(self) -> None:
         for _, _, parameter in self._indexed():
-            parameter.grad.fill(0)
+            parameter.zero_grad()
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
