@@ -33,9 +33,13 @@ from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_
 from .special import erf, erfc
 from .feedforward import SwiGLU, feedforward, swiglu_backward, swiglu_forward
 from .gpt import GPT, DecoderBlock, GPTConfig
-from .objectives import NextTokenLoss, TargetLoss, shifted_targets
-from .accounting import count_parameters, parameter_breakdown
-from .generate import generate, sample_next, sampling_probabilities
+from .llama import Llama, LlamaConfig, LlamaDecoderLayer
+from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
+                          TransformerEncoder, TransformerEncoderLayer)
+from .seq2seq import Seq2Seq, Seq2SeqConfig
+from .objectives import NextTokenLoss, Seq2SeqLoss, TargetLoss, shifted_targets
+from .accounting import Accounting, account, count_parameters, parameter_breakdown
+from .generate import generate, generate_seq2seq, sample_next, sampling_probabilities
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .train import Trainer, TrainingStopped, TrainSettings
 from . import interop
@@ -44,5 +48,7 @@ from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_IND
                    ReverseDigits, SlidingWindowDataset, batch_indices, cbow_pairs,
                    default_corpus, reverse_digits, split_documents, split_stream,
                    window_count)
+from .cbow import (CBOW, Vocabulary, cbow_backward, cbow_forward, load_cbow, nearest, save_cbow,
+                   train_cbow)
 
 __version__ = "0.1.0"

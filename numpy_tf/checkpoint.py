@@ -19,6 +19,8 @@ import numpy as np
 
 from .core import Module
 from .gpt import GPT, GPTConfig
+from .llama import Llama, LlamaConfig
+from .seq2seq import Seq2Seq, Seq2SeqConfig
 from .npz import from_json_array, json_array, load_npz, save_npz
 from .optimizer import Optimizer
 
@@ -33,6 +35,8 @@ def register_model(kind: str, config_class: type, model_class: Callable[..., Mod
 
 
 register_model("GPT", GPTConfig, GPT)
+register_model("Llama", LlamaConfig, Llama)
+register_model("Seq2Seq", Seq2SeqConfig, Seq2Seq)
 
 
 def model_spec(model: Module) -> dict:

@@ -18,6 +18,8 @@
         a layer's cache, forward and backward (with its derivation) from the source
     numpy-tf gradcheck LAYER [--shape 2,3,4] [--dtype float64] [--case N]
         finite differences of one layer, one row per tensor
+    numpy-tf params --config FILE_OR_NAME [--json]
+        the exact parameter count of a config, per component, without building the model
 """
 from __future__ import annotations
 
@@ -113,14 +115,74 @@ def _train_config(spec: str, vocab_size: int):
         raise UserError(f"--config: {error}") from None
 
 
+def train_reverse_digits(args) -> int:
+    """numpy-tf train --task reverse-digits: the encoder-decoder learns to reverse digit
+    strings; the exact-match accuracy of greedy decoding on held-out strings is the proof that
+    its backward is right end to end."""
+    import numpy as np
+
+    from .data import DIGIT_BOS, DIGIT_VOCAB_SIZE
+    from .generate import generate_seq2seq
+    from .seq2seq import Seq2SeqConfig
+    from .train import TrainSettings, exact_match, reverse_digits_trainer
+
+    config = Seq2SeqConfig(src_vocab_size=DIGIT_VOCAB_SIZE, tgt_vocab_size=DIGIT_VOCAB_SIZE,
+                           d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
+                           dim_feedforward=64, dropout=0.0, norm_first=True)
+    settings = TrainSettings(steps=args.steps, batch_size=32, lr=args.lr, min_lr=args.lr / 10,
+                             warmup=min(50, args.steps // 10), weight_decay=0.0,
+                             eval_every=max(1, args.steps // 5), log_every=args.log_every,
+                             seed=args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = reverse_digits_trainer(config, settings, checkpoint_path=out / "checkpoint.npz",
+                                     dtype=np.dtype(args.dtype))
+    print(f"training a {trainer.model.num_parameters():,}-parameter encoder-decoder "
+          f"({args.dtype}) to reverse digit strings of length 1 to 8")
+    started = time.perf_counter()
+    trainer.run()
+    trainer.write_history(out / "history.csv")
+    accuracy = exact_match(trainer.model, trainer.held_out)
+    print(f"loss {trainer.history[0]['loss']:.3f} -> {trainer.history[-1]['loss']:.4f} in "
+          f"{time.perf_counter() - started:.0f} s; exact match on {len(trainer.held_out.source)}"
+          f" held-out strings: {accuracy:.1%}")
+    examples = trainer.held_out
+    decoded = generate_seq2seq(trainer.model, examples.source[:3], 9, DIGIT_BOS,
+                               src_key_padding_mask=examples.source_padding_mask[:3])
+    for source, mask, target in zip(examples.source[:3], examples.source_padding_mask[:3],
+                                    decoded):
+        digits = "".join(str(d) for d in source[~mask])
+        print(f"  {digits} -> " + "".join(str(d) for d in target[1:] if d < 10).ljust(8)
+              + f"  (want {digits[::-1]})")
+    return 0
+
+
+def _tokenizer(spec: str, text: str):
+    """"byte" (UTF-8 bytes and specials) or "bpe:N" (byte-level BPE trained on the text up to
+    N tokens)."""
+    from .text import BPETokenizer, ByteTokenizer
+
+    if spec == "byte":
+        return ByteTokenizer()
+    size = spec[4:] if spec.startswith("bpe:") else ""
+    if not size.isdigit():
+        raise UserError(f"--tokenizer must be 'byte' or 'bpe:N' (N the vocabulary size); got "
+                        f"{spec!r}")
+    try:
+        return BPETokenizer.train(text, int(size))
+    except ValueError as error:
+        raise UserError(f"--tokenizer {spec}: {error}") from None
+
+
 def train(args) -> int:
     import numpy as np
+
+    if args.task == "reverse-digits":
+        return train_reverse_digits(args)
 
     from .data import default_corpus
     from .generate import generate
     from .train import TrainSettings, language_model_trainer
-    from .text import ByteTokenizer
-
     if args.text is None:
         text, source = default_corpus(), "the text that ships with numpy_tf"
     else:
@@ -128,7 +190,7 @@ def train(args) -> int:
             text, source = Path(args.text).read_text(encoding="utf-8"), args.text
         except (OSError, UnicodeDecodeError) as error:
             raise UserError(f"--text {args.text}: cannot read it as UTF-8 ({error})") from None
-    tokenizer = ByteTokenizer()
+    tokenizer = _tokenizer(args.tokenizer, text)
     config = _train_config(args.config, tokenizer.vocab_size)
     settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                              min_lr=args.lr / 10, warmup=min(100, args.steps // 10),
@@ -140,7 +202,7 @@ def train(args) -> int:
                                      checkpoint_path=out / "checkpoint.npz",
                                      dtype=np.dtype(args.dtype))
     print(f"training a {trainer.model.num_parameters():,}-parameter GPT ({args.dtype}) on "
-          f"{source}: {trainer.extra_meta['tokens']:,} byte tokens, "
+          f"{source}: {trainer.extra_meta['tokens']:,} tokens ({tokenizer!r}), "
           f"{trainer.extra_meta['held_out_tokens']:,} held out")
     started = time.perf_counter()
     trainer.run()
@@ -369,6 +431,22 @@ def _tool_parsers(commands) -> None:
     p.set_defaults(run=gradcheck)
 
 
+# -- params -----------------------------------------------------------------------------------
+def params(args) -> int:
+    from .accounting import account
+
+    try:
+        accounting = account(args.config)
+    except (ValueError, TypeError, OSError) as error:
+        raise UserError(str(error)) from None
+    if args.json:
+        print(json.dumps({"config": args.config, **accounting.to_dict()}, indent=1))
+    else:
+        print(f"numpy-tf params --config {args.config}")
+        print(accounting)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="numpy-tf", description="numpy_tf: a pure-NumPy "
                                      "Transformer reference with checked backward passes")
@@ -384,7 +462,13 @@ def main(argv=None) -> int:
 
     train_parser = commands.add_parser("train", help="train a model on a text (default: the "
                                        "tiny GPT on the text that ships with numpy_tf)")
+    train_parser.add_argument("--task", choices=("text", "reverse-digits"), default="text",
+                              help="text: a GPT on a text (default); reverse-digits: the "
+                                   "encoder-decoder learns to reverse digit strings")
     train_parser.add_argument("--text", help="a UTF-8 text file (default: the shipped text)")
+    train_parser.add_argument("--tokenizer", default="byte",
+                              help="byte (default) or bpe:N, a byte-level BPE of N tokens "
+                                   "trained on the text and saved in the checkpoint")
     train_parser.add_argument("--config", default="char-gpt",
                               help=f"a preset ({', '.join(TRAIN_PRESETS)}) or a JSON file of "
                                    "GPTConfig fields (default char-gpt)")
@@ -409,14 +493,25 @@ def main(argv=None) -> int:
     sample_parser.add_argument("--top-p", type=float, default=None)
     sample_parser.add_argument("--seed", type=int, default=0)
     sample_parser.set_defaults(run=sample)
-    _tool_parsers(commands)
 
+    params_parser = commands.add_parser(
+        "params", help="count a config's parameters per component, without allocating them")
+    params_parser.add_argument("--config", required=True, metavar="FILE_OR_NAME",
+                               help="a config.json (HF gpt2/llama/bert, or numpy_tf GPTConfig "
+                                    "as JSON), a folder holding one, or a preset: gpt2, "
+                                    "llama-2-7b, bert-base-uncased, tiny-gpt")
+    params_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    params_parser.set_defaults(run=params)
+    _tool_parsers(commands)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
     except UserError as error:
         print(f"numpy-tf {args.command}: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:             # `numpy-tf ... | head` closed the pipe: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Both act on each position alone: x (..., C) -> (..., C) through a hidden width F
 for the MLP; Llama's intermediate_size for SwiGLU).
 
     MLP:     y = W2 act(W1 x + b1) + b2                      Linear, activation, Linear
-    SwiGLU:  y = W_down (silu(W_gate x) * (W_up x))          three Linears without bias
+    SwiGLU:  y = W_down (silu(W_gate x) * (W_up x))          three Linears, Llama's without
+                                                             bias (HF's mlp_bias adds them)
 
 SwiGLU is not the MLP with its activation renamed: it has two input projections, one of them
 gating the other through silu (the seed material makes the same point).
@@ -61,52 +62,87 @@ def swiglu_gate_backward(dhidden: np.ndarray, cache: GateCache):
 
 
 class SwiGLUCache(NamedTuple):
-    gate: LinearCache
-    up: LinearCache
-    product: GateCache
-    down: LinearCache
+    gate: LinearCache           # x, W_gate
+    up: LinearCache             # x, W_up
+    product: GateCache          # silu's cache of g, a = silu(g), u
+    down: LinearCache           # h, W_down
 
 
 def swiglu_forward(x: np.ndarray, gate_weight: np.ndarray, up_weight: np.ndarray,
-                   down_weight: np.ndarray):
-    """y = W_down (silu(W_gate x) * (W_up x)); weights (F, C), (F, C), (C, F)."""
-    g, gate_cache = linear_forward(x, gate_weight)                  # (..., F)
-    u, up_cache = linear_forward(x, up_weight)                      # (..., F)
+                   down_weight: np.ndarray, gate_bias: np.ndarray | None = None,
+                   up_bias: np.ndarray | None = None, down_bias: np.ndarray | None = None):
+    """y = W_down (silu(W_gate x + b_gate) * (W_up x + b_up)) + b_down, as HF's LlamaMLP.
+    x (..., C), weights (F, C), (F, C), (C, F), optional biases (F,), (F,), (C,) -> y (..., C).
+    Llama has no biases (mlp_bias=False); HF's config can ask for them."""
+    validate.float_array("x", x, min_ndim=1, shape="(..., C)")
+    for name, weight in (("gate_weight", gate_weight), ("up_weight", up_weight),
+                         ("down_weight", down_weight)):
+        validate.float_array(name, weight, ndim=2, shape="(F, C) or (C, F)")
+    hidden, width = gate_weight.shape
+    if up_weight.shape != (hidden, width) or down_weight.shape != (width, hidden):
+        raise ValueError(f"gate_weight (F, C), up_weight (F, C) and down_weight (C, F) must "
+                         f"agree; got {gate_weight.shape}, {up_weight.shape} and "
+                         f"{down_weight.shape}")
+    g, gate_cache = linear_forward(x, gate_weight, gate_bias)       # (..., F)
+    u, up_cache = linear_forward(x, up_weight, up_bias)             # (..., F)
     h, product_cache = swiglu_gate_forward(g, u)                    # (..., F)
-    y, down_cache = linear_forward(h, down_weight)                  # (..., C)
+    y, down_cache = linear_forward(h, down_weight, down_bias)       # (..., C)
     return y, SwiGLUCache(gate_cache, up_cache, product_cache, down_cache)
 
 
 def swiglu_backward(dout: np.ndarray, cache: SwiGLUCache):
-    """The forward in reverse: the down projection, the gate (swiglu_gate_backward), then both
-    input projections, whose input gradients add (x feeds both):
+    """The forward in reverse, with dout = dL/dy:
+
+        y = W_down h + b_down:    dh = dout W_down,    dW_down = dout^T h,  db_down = sum dout
+        h = a u, a = silu(g):     du = dh a,           dg = silu'(g) (dh u)
+                                  (swiglu_gate_backward; silu'(g) = s (1 + g (1 - s)),
+                                   s = sigma(g), derived in activations.py)
+        g = W_gate x + b_gate:    dW_gate = dg^T x,    db_gate = sum dg
+        u = W_up x + b_up:        dW_up = du^T x,      db_up = sum du
+
+    x feeds both input projections, so its gradient is the sum of the two paths:
+
         dx = dg W_gate + du W_up.
-    Returns (dx, dgate_weight, dup_weight, ddown_weight)."""
-    dh, ddown, _ = linear_backward(dout, cache.down)
-    dg, du = swiglu_gate_backward(dh, cache.product)
-    dx_gate, dgate, _ = linear_backward(dg, cache.gate)
-    dx_up, dup, _ = linear_backward(du, cache.up)
-    return dx_gate + dx_up, dgate, dup, ddown
+
+    The sums run over every leading (batch, time) position. Cached: x and the weights (in the
+    Linear caches), g's sigmoid, a and u (no exp is recomputed). Returns (dx, dgate_weight,
+    dup_weight, ddown_weight, dgate_bias, dup_bias, ddown_bias); a bias gradient is None
+    where the forward had no bias.
+    """
+    dh, ddown, ddown_bias = linear_backward(dout, cache.down)       # (..., F)
+    dg, du = swiglu_gate_backward(dh, cache.product)                # (..., F) each
+    dx_gate, dgate, dgate_bias = linear_backward(dg, cache.gate)    # (..., C)
+    dx_up, dup, dup_bias = linear_backward(du, cache.up)            # (..., C)
+    return dx_gate + dx_up, dgate, dup, ddown, dgate_bias, dup_bias, ddown_bias
 
 
 class SwiGLU(Module):
-    """Llama's MLP: gate_proj (F, C), up_proj (F, C), down_proj (C, F), no biases (HF names)."""
+    """Llama's MLP (HF LlamaMLP): gate_proj (F, C), up_proj (F, C), down_proj (C, F), without
+    biases unless bias=True (HF's mlp_bias). Initialised as torch.nn.Linear."""
 
-    def __init__(self, width: int, hidden: int, *, rng: np.random.Generator | int = 0,
-                 dtype=np.float64):
+    def __init__(self, width: int, hidden: int, bias: bool = False, *,
+                 rng: np.random.Generator | int = 0, dtype=np.float64):
         super().__init__(dtype)
+        width = validate.positive_int("width", width)
+        hidden = validate.positive_int("hidden", hidden)
         rng = np.random.default_rng(rng)
-        self.gate_proj = Linear(width, hidden, bias=False, rng=rng, dtype=dtype)
-        self.up_proj = Linear(width, hidden, bias=False, rng=rng, dtype=dtype)
-        self.down_proj = Linear(hidden, width, bias=False, rng=rng, dtype=dtype)
+        self.gate_proj = Linear(width, hidden, bias, rng=rng, dtype=dtype)
+        self.up_proj = Linear(width, hidden, bias, rng=rng, dtype=dtype)
+        self.down_proj = Linear(hidden, width, bias, rng=rng, dtype=dtype)
+
+    def _projections(self) -> tuple[Linear, Linear, Linear]:
+        return self.gate_proj, self.up_proj, self.down_proj
 
     def forward(self, x):
-        return swiglu_forward(x, self.gate_proj.weight.data, self.up_proj.weight.data,
-                              self.down_proj.weight.data)
+        weights = [layer.weight.data for layer in self._projections()]
+        biases = [None if layer.bias is None else layer.bias.data
+                  for layer in self._projections()]
+        return swiglu_forward(x, *weights, *biases)
 
     def backward(self, dout, cache):
-        dx, dgate, dup, ddown = swiglu_backward(dout, cache)
-        self.gate_proj.weight.grad += dgate
-        self.up_proj.weight.grad += dup
-        self.down_proj.weight.grad += ddown
+        dx, *grads = swiglu_backward(dout, cache)
+        for layer, dweight, dbias in zip(self._projections(), grads[:3], grads[3:]):
+            layer.weight.grad += dweight
+            if layer.bias is not None:
+                layer.bias.grad += dbias
         return dx

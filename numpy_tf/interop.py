@@ -6,6 +6,13 @@
     params = interop.to_hf(model, config)              # the loaded state_dict, bit for bit
     grads = interop.to_hf(model, config, grads=True)   # {HF key: gradient in HF layout}
 
+    module = interop.from_torch(kind, kwargs, state_dict, dtype=np.float64)
+        kind "transformer" (torch.nn.Transformer) or "multihead_attention"
+        (torch.nn.MultiheadAttention); kwargs: the torch constructor's keyword arguments
+        (batch_first=True); state_dict: {torch key: numpy array}
+    params = interop.to_torch(module, kind, kwargs)    # the loaded state_dict, bit for bit
+    grads = interop.to_torch(module, kind, kwargs, grads=True)
+
 Each layout is a table of (numpy_tf name, other name, transposed?) rows; loading checks every
 key, shape and config option first and names each problem. Options we do not implement are
 refused, never guessed.
@@ -16,8 +23,12 @@ from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
+from .activations import GELU
 from .core import Module, float_dtype
 from .gpt import GPT, GPTConfig
+from .llama import Llama, LlamaConfig
+from .multihead import TorchMultiheadAttention
+from .transformer import Transformer
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                      "gelu": "gelu", "relu": "relu"}
@@ -122,6 +133,78 @@ def _gpt2_buffer(key: str) -> bool:
     return key.endswith(".attn.bias") or key.endswith(".attn.masked_bias")
 
 
+# -- Llama ------------------------------------------------------------------------------------
+def _llama_rope_theta(config: Mapping) -> float:
+    """rope_theta from transformers 5's `rope_parameters` or an older config's `rope_theta`;
+    any scaled RoPE (linear, dynamic, yarn, llama3, ...) is refused."""
+    parameters = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    for where, table in (("rope_parameters", parameters), ("rope_scaling", scaling)):
+        rope_type = table.get("rope_type", table.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"{where} has rope_type {rope_type!r}: scaled RoPE is not "
+                             "implemented (numpy_tf's Llama supports rope_type 'default' only)")
+    theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
+    if "rope_theta" in config and config["rope_theta"] != theta:
+        raise ValueError(f"rope_theta ({config['rope_theta']!r}) and rope_parameters' "
+                         f"rope_theta ({theta!r}) disagree")
+    return theta
+
+
+def llama_config(config: Mapping) -> LlamaConfig:
+    """numpy_tf's LlamaConfig for a Hugging Face LlamaConfig dict; refuses what we lack."""
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {config['hidden_act']!r} is not implemented (numpy_tf's "
+                         "Llama MLP is SwiGLU: hidden_act 'silu')")
+    if (config.get("pretraining_tp") or 1) != 1:
+        raise ValueError(f"pretraining_tp={config['pretraining_tp']!r} is not implemented "
+                         "(numpy_tf needs pretraining_tp=1: the exact, unsliced projections)")
+    for key in ("sliding_window", "use_sliding_window"):
+        if config.get(key):
+            raise ValueError(f"{key}={config[key]!r} is not implemented (numpy_tf's Llama "
+                             "attends to every earlier position)")
+    heads = config["num_attention_heads"]
+    return LlamaConfig(
+        vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_hidden_layers=config["num_hidden_layers"], num_attention_heads=heads,
+        num_key_value_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=_llama_rope_theta(config),
+        tie_word_embeddings=config.get("tie_word_embeddings", False),
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
+        attention_bias=config.get("attention_bias", False),
+        mlp_bias=config.get("mlp_bias", False),
+        attention_dropout=config.get("attention_dropout") or 0.0,
+        pad_token_id=config.get("pad_token_id"),
+        initializer_range=config.get("initializer_range", 0.02))
+
+
+def llama_layout(config: LlamaConfig) -> Layout:
+    """numpy_tf's names are HF's without the `model.` prefix (lm_head has none); nothing is
+    transposed. Rows in HF's state_dict order."""
+    ours = ["embed_tokens.weight"]
+    for i in range(config.num_hidden_layers):
+        for projection, bias in [("self_attn.q_proj", config.attention_bias),
+                                 ("self_attn.k_proj", config.attention_bias),
+                                 ("self_attn.v_proj", config.attention_bias),
+                                 ("self_attn.o_proj", config.attention_bias),
+                                 ("mlp.gate_proj", config.mlp_bias),
+                                 ("mlp.up_proj", config.mlp_bias),
+                                 ("mlp.down_proj", config.mlp_bias)]:
+            ours += [f"layers.{i}.{projection}.{p}" for p in ("weight", "bias")[:1 + bias]]
+        ours += [f"layers.{i}.input_layernorm.weight",
+                 f"layers.{i}.post_attention_layernorm.weight"]
+    ours += ["norm.weight", "lm_head.weight"]
+    return Layout([(name, name if name == "lm_head.weight" else f"model.{name}", False)
+                   for name in ours])
+
+
+def _llama_buffer(key: str) -> bool:
+    """The rotary inv_freq buffers older transformers versions saved in the state_dict."""
+    return key.endswith(".rotary_emb.inv_freq")
+
+
 # -- the entry points ---------------------------------------------------------------------------
 def _model_type(config: Mapping) -> str:
     if not isinstance(config, Mapping):
@@ -176,4 +259,127 @@ _HF = {
         ties=lambda config: [("output.weight", "tokens.weight")]
         if config.get("tie_word_embeddings", True) else [],
         ignored=_gpt2_buffer),
+    "llama": _Family(
+        build=lambda config, dtype: Llama(llama_config(config), dtype=dtype),
+        layout=lambda config: llama_layout(llama_config(config)),
+        ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
+        if config.get("tie_word_embeddings", False) else [],
+        ignored=_llama_buffer),
 }
+
+
+# -- torch.nn modules: nn.Transformer and nn.MultiheadAttention (batch_first=True) ------------
+# numpy_tf's parameter names ARE torch's state_dict keys, so the layout is the identity; what
+# is checked is the constructor's keyword arguments (JSON-able; torch's defaults filled in).
+_REQUIRED = object()
+_TORCH_DEFAULTS = {
+    "transformer": {"d_model": 512, "nhead": 8, "num_encoder_layers": 6,
+                    "num_decoder_layers": 6, "dim_feedforward": 2048, "dropout": 0.1,
+                    "activation": "relu", "custom_encoder": None, "custom_decoder": None,
+                    "layer_norm_eps": 1e-5, "batch_first": False, "norm_first": False,
+                    "bias": True},
+    "multihead_attention": {"embed_dim": _REQUIRED, "num_heads": _REQUIRED, "dropout": 0.0,
+                            "bias": True, "add_bias_kv": False, "add_zero_attn": False,
+                            "kdim": None, "vdim": None, "batch_first": False},
+}
+_TORCH_CLASSES = {"transformer": "torch.nn.Transformer",
+                  "multihead_attention": "torch.nn.MultiheadAttention"}
+
+
+def torch_kwargs(kind: str, kwargs: Mapping) -> dict:
+    """torch's keyword arguments for `kind` with its defaults filled in, after refusing every
+    option numpy_tf does not implement (each by name)."""
+    if kind not in _TORCH_DEFAULTS:
+        raise ValueError(f"kind must be one of {', '.join(repr(k) for k in _TORCH_DEFAULTS)}; "
+                         f"got {kind!r}")
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a dict of {_TORCH_CLASSES[kind]}(...)'s keyword "
+                        f"arguments; got {type(kwargs).__name__}")
+    defaults = _TORCH_DEFAULTS[kind]
+    unknown = [key for key in kwargs if key not in defaults]
+    if unknown:
+        raise ValueError(f"{_TORCH_CLASSES[kind]} has no supported argument "
+                         f"{', '.join(map(repr, unknown))}; numpy_tf reads "
+                         f"{', '.join(defaults)}")
+    args = {**defaults, **kwargs}
+    missing = [key for key, value in args.items() if value is _REQUIRED]
+    if missing:
+        raise ValueError(f"{_TORCH_CLASSES[kind]} needs {', '.join(missing)}")
+    if args["batch_first"] is not True:
+        raise ValueError(f"batch_first={args['batch_first']!r} is not supported: numpy_tf is "
+                         "batch-first ((B, L, C) inputs); build the torch module with "
+                         "batch_first=True (its weights are the same)")
+    refused = {"custom_encoder": None, "custom_decoder": None, "add_bias_kv": False,
+               "add_zero_attn": False}
+    for key, supported in refused.items():
+        if key in args and args[key] is not supported and args[key] != supported:
+            raise ValueError(f"{key}={args[key]!r} is not implemented (numpy_tf needs "
+                             f"{key}={supported!r})")
+    if kind == "transformer" and args["activation"] not in ("relu", "gelu"):
+        raise ValueError("activation must be the string 'relu' or 'gelu' (a callable or "
+                         f"another name cannot be converted); got {args['activation']!r}")
+    for key in ("kdim", "vdim"):
+        if kind == "multihead_attention" and args[key] not in (None, args["embed_dim"]):
+            raise ValueError(f"{key}={args[key]!r} is not implemented: numpy_tf's "
+                             "MultiheadAttention needs keys and values of width embed_dim "
+                             f"({args['embed_dim']})")
+    return args
+
+
+def torch_equivalent(kind: str, kwargs: Mapping, dtype=np.float64) -> Module:
+    """A freshly initialised numpy_tf module equal to torch.nn.<kind>(**kwargs)."""
+    args = torch_kwargs(kind, kwargs)
+    dtype = float_dtype(dtype)
+    if kind == "multihead_attention":
+        return TorchMultiheadAttention(args["embed_dim"], args["num_heads"], args["dropout"],
+                                       args["bias"], dtype=dtype)
+    names = ("d_model", "nhead", "num_encoder_layers", "num_decoder_layers",
+             "dim_feedforward", "dropout", "activation", "layer_norm_eps", "batch_first",
+             "norm_first", "bias")
+    return Transformer(**{name: args[name] for name in names}, dtype=dtype)
+
+
+def _kwargs_of(module: Module, kind: str) -> dict:
+    """The torch keyword arguments a numpy_tf module was built with (to check to_torch)."""
+    if kind == "multihead_attention":
+        if not isinstance(module, TorchMultiheadAttention):
+            raise TypeError(f"kind 'multihead_attention' needs a TorchMultiheadAttention; got "
+                            f"{type(module).__name__}")
+        return {"embed_dim": module.embed_dim, "num_heads": module.num_heads,
+                "dropout": module.dropout, "bias": module.in_proj_bias is not None}
+    if not isinstance(module, Transformer):
+        raise TypeError(f"kind 'transformer' needs a numpy_tf Transformer; got "
+                        f"{type(module).__name__}")
+    layer = module.encoder.layers[0]
+    return {"d_model": module.d_model, "nhead": module.nhead,
+            "num_encoder_layers": len(module.encoder.layers),
+            "num_decoder_layers": len(module.decoder.layers),
+            "dim_feedforward": layer.linear1.out_features, "dropout": layer.dropout.p,
+            "activation": "gelu" if isinstance(layer.activation, GELU) else "relu",
+            "layer_norm_eps": layer.norm1.eps, "norm_first": layer.norm_first,
+            "bias": layer.linear1.bias is not None}
+
+
+def from_torch(kind: str, kwargs: Mapping, state_dict: Mapping[str, np.ndarray],
+               dtype=np.float64) -> Module:
+    """The numpy_tf module equal to torch.nn.<kind>(**kwargs) holding `state_dict` ({torch key:
+    numpy array}); every key and shape is checked first, each problem named."""
+    module = torch_equivalent(kind, kwargs, dtype)
+    expected = module.state_dict()
+    identity = Layout([(name, name, False) for name in expected])
+    module.load_state_dict(identity.to_ours(state_dict, expected, module.dtype, optional=set(),
+                                            ignored=lambda key: False))
+    return module
+
+
+def to_torch(module: Module, kind: str, kwargs: Mapping,
+             grads: bool = False) -> dict[str, np.ndarray]:
+    """The module's parameters (or, with grads=True, their gradients) as torch's state_dict of
+    torch.nn.<kind>(**kwargs); refuses a module that kwargs do not describe."""
+    args = torch_kwargs(kind, kwargs)
+    built = _kwargs_of(module, kind)
+    differ = [f"{key}: module has {value!r}, kwargs say {args[key]!r}"
+              for key, value in built.items() if value != args[key]]
+    if differ:
+        raise ValueError("the module does not match kwargs: " + "; ".join(differ))
+    return dict(module.grad_dict() if grads else module.state_dict())

@@ -285,15 +285,20 @@ class TorchMultiheadAttention(HeadAttention):
         return self.out_proj
 
     def forward(self, query, key, value, key_padding_mask=None, attn_mask=None,
-                is_causal: bool = False, rng=None):
-        batch, tq = query.shape[:2]
+                is_causal: bool = False, rng=None, *, past_kv=None, static_kv=None):
+        """torch's forward (need_weights=False). `past_kv` and `static_kv` are the KV caches of
+        HeadAttention (with static_kv, key and value are None; backward then returns
+        (dquery, None, None))."""
+        validate.float_array("query", query, ndim=3, shape="(B, Tq, C)")
+        batch = query.shape[0]
         if isinstance(attn_mask, np.ndarray) and attn_mask.ndim == 3:
             if attn_mask.shape[0] != batch * self.num_heads:
                 raise ValueError(f"a 3-D attn_mask must have shape (B * num_heads, Tq, Tk) = "
                                  f"({batch * self.num_heads}, ...); got {attn_mask.shape}")
             attn_mask = attn_mask.reshape(batch, self.num_heads, *attn_mask.shape[1:])
         return super().forward(query, key, value, attn_mask=attn_mask,
-                               key_padding_mask=key_padding_mask, is_causal=is_causal, rng=rng)
+                               key_padding_mask=key_padding_mask, is_causal=is_causal,
+                               past_kv=past_kv, static_kv=static_kv, rng=rng)
 
     def _slices(self):
         e = self.embed_dim

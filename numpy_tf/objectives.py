@@ -2,6 +2,9 @@
 finite differences and trained like any Module.
 
     next-token (causal LM):  loss = mean over t of CE(logits[:, t], ids[:, t + 1])
+    sequence-to-sequence:    loss = mean over t of CE(logits[:, t], target[:, t]), the decoder
+                             reading BOS + target (teacher forcing): logits[:, t] sees
+                             target[:, :t] only (the causal mask)
 
 A padded position predicts nothing, and nothing is asked to predict padding: both get
 ignore_index, so the mean runs over the real (position, next token) pairs only.
@@ -28,53 +31,61 @@ def shifted_targets(ids: np.ndarray, key_padding_mask=None, ignore_index: int = 
     return targets
 
 
-class NextTokenLossCache(NamedTuple):
+class ModelLossCache(NamedTuple):
     model: tuple
     loss: CrossEntropyCache
     logits: np.ndarray          # (B, T, V), kept for whoever wants to look at them
 
 
-class NextTokenLoss(Module):
-    """forward(ids, key_padding_mask=None) -> (mean next-token cross-entropy, cache) of a
-    causal language model; backward(dloss, cache) runs the model's backward."""
+NextTokenLossCache = ModelLossCache
+
+
+class _ModelLoss(Module):
+    """A model and the mean cross-entropy of its logits; backward runs the model's backward."""
 
     def __init__(self, model: Module, label_smoothing: float = 0.0):
         super().__init__(model.dtype)
         self.model = model
         self.label_smoothing = label_smoothing
 
-    def forward(self, ids, key_padding_mask=None, **model_kwargs):
-        logits, model_cache = self.model.forward(ids, key_padding_mask=key_padding_mask,
-                                                 **model_kwargs)
-        loss, loss_cache = cross_entropy_forward(logits, shifted_targets(ids, key_padding_mask),
+    def _loss(self, logits, model_cache, targets):
+        loss, loss_cache = cross_entropy_forward(logits, targets,
                                                  label_smoothing=self.label_smoothing)
-        return loss, NextTokenLossCache(model_cache, loss_cache, logits)
+        return loss, ModelLossCache(model_cache, loss_cache, logits)
 
-    def backward(self, dloss, cache: NextTokenLossCache):
+    def backward(self, dloss, cache: ModelLossCache):
         return self.model.backward(cross_entropy_backward(dloss, cache.loss), cache.model)
 
 
-class TargetLossCache(NamedTuple):
-    model: tuple
-    loss: CrossEntropyCache
-    logits: np.ndarray
+class NextTokenLoss(_ModelLoss):
+    """forward(ids, key_padding_mask=None) -> (mean next-token cross-entropy, cache) of a
+    causal language model; backward(dloss, cache) runs the model's backward."""
+
+    def forward(self, ids, key_padding_mask=None, **model_kwargs):
+        logits, model_cache = self.model.forward(ids, key_padding_mask=key_padding_mask,
+                                                 **model_kwargs)
+        return self._loss(logits, model_cache, shifted_targets(ids, key_padding_mask))
 
 
-class TargetLoss(Module):
+
+class TargetLoss(_ModelLoss):
     """forward(inputs, targets, **model_kwargs) -> (mean cross-entropy of model(inputs)
     against targets, cache), targets already aligned with the logits (ignore_index where no
     target): the objective of next-token windows, whose targets come shifted."""
 
-    def __init__(self, model: Module, ignore_index: int = -100, label_smoothing: float = 0.0):
-        super().__init__(model.dtype)
-        self.model = model
-        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
-
     def forward(self, inputs, targets, **model_kwargs):
         logits, model_cache = self.model.forward(inputs, **model_kwargs)
-        loss, loss_cache = cross_entropy_forward(logits, targets, self.ignore_index,
-                                                 self.label_smoothing)
-        return loss, TargetLossCache(model_cache, loss_cache, logits)
+        return self._loss(logits, model_cache, targets)
 
-    def backward(self, dloss, cache: TargetLossCache):
-        return self.model.backward(cross_entropy_backward(dloss, cache.loss), cache.model)
+class Seq2SeqLoss(_ModelLoss):
+    """forward(src_ids, decoder_input, target, src_key_padding_mask=None,
+    tgt_key_padding_mask=None) -> (mean cross-entropy of `target`, cache) of a Seq2Seq model
+    under teacher forcing: decoder_input = BOS + target (padded), target = target + EOS with
+    ignore_index (-100) at padding, as numpy_tf.data.reverse_digits gives them
+    (tgt_key_padding_mask is the decoder input's). backward(dloss, cache) -> None."""
+
+    def forward(self, src_ids, decoder_input, target, src_key_padding_mask=None,
+                tgt_key_padding_mask=None, rng=None):
+        logits, model_cache = self.model.forward(src_ids, decoder_input, src_key_padding_mask,
+                                                 tgt_key_padding_mask, rng)
+        return self._loss(logits, model_cache, target)

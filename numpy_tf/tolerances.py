@@ -55,8 +55,15 @@ TORCH = {
         1e-9, 1e-12,
         "SPEC §6: a whole model (several blocks, summed parameter gradients)."),
     ("model", "float32"): Tolerance(
-        1e-4, 1e-6,
-        "SPEC §6: float32 rounding compounds through every block and every gradient sum."),
+        1e-4, 1e-5,
+        "SPEC §6: float32 rounding compounds through every block and every gradient sum. "
+        "The floor is 1e-5 max(1, S), not a layer's 1e-6: measured (2026-11-29) on "
+        "llama_mha_biases float32, numpy_tf and HF differ by 1.78e-6 (S = 0.63) at an "
+        "embedding gradient of 0.0059 that cancels from terms near S; against the exact "
+        "(float64) gradients of the same float32 weights HF itself is off by 1.63e-6 there, "
+        "numpy_tf by 2.41e-6, and over 15 other seeds of the Llama fixture configs HF's own "
+        "float32 error reached 3.1 times the old bound (1e-4 |ref| + 1e-6 max(1, S)). The "
+        "float64 run of the case agrees to 5e-15."),
 }
 
 # Central differences in float64 with step FD_STEP and a random upstream gradient.

@@ -235,3 +235,51 @@ def language_model_trainer(text: str, config, settings: TrainSettings, *, tokeni
                    checkpoint_path=checkpoint_path, extra_arrays=tokenizer.to_arrays(),
                    extra_meta={"task": "language model", "tokens": int(len(ids)),
                                "held_out_tokens": int(len(val_ids))})
+
+
+# -- the encoder-decoder on reversing digit strings ------------------------------------------------
+def reverse_digits_batch(data) -> tuple:
+    """The arguments of Seq2SeqLoss.forward from numpy_tf.data.reverse_digits' arrays."""
+    return (data.source, data.decoder_input, data.target, data.source_padding_mask,
+            data.target_padding_mask)
+
+
+def reverse_digits_trainer(config, settings: TrainSettings, *, min_length: int = 1,
+                           max_length: int = 8, eval_count: int = 256, checkpoint_path=None,
+                           dtype=np.float64) -> Trainer:
+    """A Trainer for a Seq2Seq model (Seq2SeqConfig with the digit vocabulary) that learns to
+    reverse digit strings: fresh random strings every step, a fixed held-out set (its own
+    seed) for the evaluation loss."""
+    from .data import reverse_digits
+    from .objectives import Seq2SeqLoss
+    from .seq2seq import Seq2Seq
+
+    held_out = reverse_digits(eval_count, np.random.default_rng(settings.seed + 1_000_003),
+                              min_length, max_length)
+
+    def sample_batch(rng: np.random.Generator):
+        return reverse_digits_batch(reverse_digits(settings.batch_size, rng, min_length,
+                                                   max_length))
+
+    model = Seq2Seq(config, rng=settings.seed, dtype=dtype)
+    trainer = Trainer(Seq2SeqLoss(model), sample_batch, settings,
+                      eval_batches=[reverse_digits_batch(held_out)],
+                      checkpoint_path=checkpoint_path,
+                      extra_meta={"task": "reverse digits", "min_length": min_length,
+                                  "max_length": max_length})
+    trainer.held_out = held_out
+    return trainer
+
+
+def exact_match(model, data) -> float:
+    """The fraction of sources whose greedy decoding is exactly the reversed string + EOS."""
+    from .data import DIGIT_BOS, DIGIT_EOS, IGNORE_INDEX
+    from .generate import generate_seq2seq
+
+    decoded = generate_seq2seq(model, data.source, data.target.shape[1], DIGIT_BOS, DIGIT_EOS,
+                               src_key_padding_mask=data.source_padding_mask)[:, 1:]
+    width = data.target.shape[1]
+    decoded = np.pad(decoded, ((0, 0), (0, width - decoded.shape[1])),
+                     constant_values=DIGIT_EOS)
+    real = data.target != IGNORE_INDEX
+    return float(np.mean([(d[m] == t[m]).all() for d, t, m in zip(decoded, data.target, real)]))

@@ -202,3 +202,19 @@ def non_negative_entries(name: str, values: np.ndarray) -> None:
         position = tuple(int(i) for i in np.argwhere(negative)[0])
         raise ValueError(f"{name} must be non-negative; got {int(values[position])} at "
                          f"position {position}")
+
+
+def mask_array(name: str, mask, shapes: dict[str, tuple], dtype,
+               meaning: str = "blocked") -> None:
+    """None, or a bool mask (True = `meaning`) or a float mask of the inputs' `dtype` (added to
+    the scores) of one of the `shapes` ({legend: shape}, e.g. {"(T, T)": (4, 4)})."""
+    if mask is None:
+        return
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array; got {type(mask).__name__}")
+    if mask.dtype != bool and mask.dtype != dtype:
+        raise TypeError(f"{name} must be bool (True = {meaning}) or a float mask of the input "
+                        f"dtype {np.dtype(dtype)}; got dtype {mask.dtype}")
+    if mask.shape not in shapes.values():
+        allowed = " or ".join(f"{legend} = {shape}" for legend, shape in shapes.items())
+        raise ValueError(f"{name} must have shape {allowed}; got {mask.shape}")

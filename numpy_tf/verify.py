@@ -19,20 +19,23 @@ import numpy as np
 from .activations import GELU, ReLU, SiLU
 from .attention import ScaledDotProductAttention
 from .cases import Case
+from .cbow import CBOW
 from .core import Module, Parameter
 from .embedding import Embedding
+from .feedforward import SwiGLU, feedforward
 from .gpt import GPT, GPTConfig
 from .gradcheck import GradcheckReport, gradcheck_module
-from .interop import from_hf, to_hf
+from .interop import from_hf, to_hf, torch_equivalent
 from .linear import Linear
-from .loss import CrossEntropyLoss
-from .multihead import MultiHeadAttention, TorchMultiheadAttention
-from .objectives import NextTokenLoss
+from .loss import CrossEntropyLoss, cross_entropy
+from .multihead import MultiHeadAttention
+from .objectives import NextTokenLoss, Seq2SeqLoss
 from .optim import SGD, Adam, AdamW, clip_grad_norm
 from .schedule import warmup_cosine
 from .norm import LayerNorm, RMSNorm
 from .positions import LearnedPositions, SinusoidalPositions
 from .rope import RotaryEmbedding
+from .seq2seq import Seq2Seq, Seq2SeqConfig
 from .softmax import LogSoftmax, Softmax
 from .tolerances import Tolerance, torch_tolerance
 
@@ -51,8 +54,8 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
                                                        c["label_smoothing"], c["reduction"],
                                                        dtype),
     "sdpa": lambda c, dtype: ScaledDotProductAttention(c["is_causal"], dtype=dtype),
-    "multihead_attention": lambda c, dtype: TorchMultiheadAttention(
-        c["embed_dim"], c["num_heads"], c["dropout"], c["bias"], dtype=dtype),
+    "multihead_attention": lambda c, dtype: torch_equivalent("multihead_attention", c, dtype),
+    "transformer": lambda c, dtype: torch_equivalent("transformer", c, dtype),
     "gqa_attention": lambda c, dtype: MultiHeadAttention(
         c["width"], c["num_heads"], c["num_kv_heads"], bias=c["bias"], dtype=dtype),
     "layernorm": lambda c, dtype: LayerNorm(c["normalized_shape"], c["eps"],
@@ -63,6 +66,10 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
                                                            dtype=dtype),
     "sinusoidal_positions": lambda c, dtype: SinusoidalPositions(c["width"], dtype),
     "rope": lambda c, dtype: RotaryEmbedding(c["head_dim"], c["base"], c["interleaved"], dtype),
+    "swiglu": lambda c, dtype: SwiGLU(c["hidden_size"], c["intermediate_size"], c["mlp_bias"],
+                                      dtype=dtype),
+    "feedforward": lambda c, dtype: feedforward(c["width"], c["hidden"], c["activation"],
+                                                c["bias"], dtype=dtype),
 }
 
 def run_optimizer_case(case: Case) -> dict[str, np.ndarray]:
@@ -122,6 +129,23 @@ def run_schedule_case(case: Case) -> dict[str, np.ndarray]:
     return {"output/lambda_lr": lrs, "output/composed_lr": lrs}
 
 
+def _cbow(case: Case) -> CBOW:
+    model = CBOW(case.meta["config"]["vocab_size"], case.meta["config"]["dim"], dtype=case.dtype)
+    model.load_state_dict(case.section("param"))
+    return model
+
+
+def run_cbow_case(case: Case) -> dict[str, np.ndarray]:
+    """The logits, the mean cross-entropy against the centres, every parameter gradient."""
+    model = _cbow(case)
+    logits, cache = model.forward(case.arrays["input/contexts"])
+    loss, dlogits = cross_entropy(logits, case.arrays["input/centres"])
+    model.zero_grad()
+    model.backward(dlogits, cache)
+    return {"output/logits": logits, "loss": loss,
+            **{f"grad/{name}": gradient for name, gradient in model.grad_dict().items()}}
+
+
 # kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's
 # steps, a whole model's loss): run(case) -> {key: array} for the keys the case holds, and
 # gradcheck(case) -> GradcheckReport, or None when finite differences do not apply.
@@ -129,17 +153,21 @@ RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckRepor
     "optimizer": (run_optimizer_case, lambda case: None),
     "clip_grad_norm": (run_clip_case, lambda case: None),
     "lr_schedule": (run_schedule_case, lambda case: None),
+    "cbow": (run_cbow_case, lambda case: gradcheck_module(
+        _cbow(case), case.arrays["input/contexts"], title="cbow")),
 }
 
 
 # -- whole language models: logits, the next-token loss and every parameter gradient ----------
 # kind -> (load(case) -> model, names(model, case, grads) -> {case name: array})
+_HUGGING_FACE = (lambda case: from_hf(case.meta["config"], case.section("param"), case.dtype),
+                 lambda model, case, grads: to_hf(model, case.meta["config"], grads))
 LANGUAGE_MODELS = {
     "tiny_gpt": (lambda case: _loaded(GPT(GPTConfig.tiny(**case.meta["config"]),
                                           dtype=case.dtype), case),
                  lambda model, case, grads: model.grad_dict() if grads else model.state_dict()),
-    "hf_gpt2": (lambda case: from_hf(case.meta["config"], case.section("param"), case.dtype),
-                lambda model, case, grads: to_hf(model, case.meta["config"], grads)),
+    "hf_gpt2": _HUGGING_FACE,
+    "hf_llama": _HUGGING_FACE,
 }
 
 
@@ -175,6 +203,31 @@ def gradcheck_language_model(case: Case) -> GradcheckReport:
 
 for _kind in LANGUAGE_MODELS:
     RUNNERS[_kind] = (run_language_model, gradcheck_language_model)
+
+
+# -- the sequence-to-sequence model: logits, the teacher-forced loss, every parameter gradient --
+def _seq2seq_loss(case: Case):
+    model = _loaded(Seq2Seq(Seq2SeqConfig(**case.meta["config"]), dtype=case.dtype), case)
+    inputs = [case.arrays.get(f"input/{name}") for name in
+              ("src_ids", "tgt_ids", "target", "src_key_padding_mask", "tgt_key_padding_mask")]
+    return Seq2SeqLoss(model), inputs
+
+
+def run_seq2seq(case: Case) -> dict[str, np.ndarray]:
+    objective, inputs = _seq2seq_loss(case)
+    loss, cache = objective.forward(*inputs)
+    objective.zero_grad()
+    objective.backward(1.0, cache)
+    return {"output/logits": cache.logits, "loss": loss,
+            **{f"grad/{name}": g for name, g in objective.model.grad_dict().items()}}
+
+
+def gradcheck_seq2seq(case: Case) -> GradcheckReport:
+    objective, inputs = _seq2seq_loss(case)
+    return gradcheck_module(objective, *inputs, fast=True, title=case.kind)
+
+
+RUNNERS["seq2seq"] = (run_seq2seq, gradcheck_seq2seq)
 
 SECTION_ORDER = ("loss", "output", "act", "grad_act", "grad_input", "grad")
 

@@ -16,14 +16,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import attention  # noqa: E402
+import cbow  # noqa: E402
+import feedforward  # noqa: E402
 import gpt  # noqa: E402
+import llama  # noqa: E402
 import layers  # noqa: E402
 import norm  # noqa: E402
 import optim  # noqa: E402
 import positions  # noqa: E402
 import rope  # noqa: E402
+import transformer  # noqa: E402
 
-FAMILIES = [layers, norm, positions, rope, attention, optim, gpt]
+FAMILIES = [layers, norm, positions, rope, attention, feedforward, optim, gpt, cbow, llama,
+            transformer]
 
 
 def main(argv=None) -> int:

@@ -88,7 +88,16 @@ def next_token_loss(logits, ids, attention_mask=None):
                            labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
-def _lm_case(path, model, ids, attention_mask, config, kind, seed, dtype, loss_fn):
+def hf_lm_loss(model, ids, attention_mask):
+    """The logits of a Hugging Face causal LM and their next-token loss."""
+    logits = model(input_ids=ids, attention_mask=attention_mask).logits
+    return logits, next_token_loss(logits, ids, attention_mask)
+
+
+def lm_case(path, model, ids, attention_mask, config, kind, seed, dtype, loss_fn,
+            generator_file=FILE, conventions=None):
+    """A model-level case: the parameters, ids (and padding mask), logits, the loss of
+    `loss_fn(model, ids, attention_mask)` and every parameter's gradient of it."""
     logits, loss = loss_fn(model, ids, attention_mask)
     loss.backward()
     arrays = {f"param/{name}": to_numpy(p) for name, p in model.state_dict().items()}
@@ -103,9 +112,15 @@ def _lm_case(path, model, ids, attention_mask, config, kind, seed, dtype, loss_f
     extra = {"keyword_inputs": ["key_padding_mask"] if attention_mask is not None else [],
              "conventions": {"loss": "mean cross-entropy of ids[t+1] given ids[:t+1], padded "
                                      "targets ignored", "padding": "right padding, "
-                                     "key_padding_mask True at padding"}}
-    return save_case(path, meta(FILE, kind, seed, dtype, config, inputs, level="model",
-                                **extra), arrays)
+                                     "key_padding_mask True at padding", **(conventions or {})}}
+    return save_case(path, meta(generator_file, kind, seed, dtype, config, inputs,
+                                level="model", **extra), arrays)
+
+
+def hf_config_dict(hf_config) -> dict:
+    """The config as the case's meta keeps it (without the label maps and the version)."""
+    return {k: v for k, v in hf_config.to_dict().items()
+            if k not in ("id2label", "label2id", "transformers_version")}
 
 
 def build(out_dir):
@@ -120,7 +135,7 @@ def build(out_dir):
         model = TinyGPT(**config).to(torch_dtype)
         spread_weights(model, g, dtype)
         ids = torch.randint(0, 20, (2, 7), generator=g)
-        paths.append(_lm_case(
+        paths.append(lm_case(
             out_dir / f"tiny_gpt_{dtype}.npz", model, ids, None, config, "tiny_gpt", 70, dtype,
             lambda m, i, a: (lambda logits: (logits, next_token_loss(logits, i)))(m(i))))
 
@@ -141,13 +156,6 @@ def build(out_dir):
             if padded:
                 mask = torch.ones(2, 9, dtype=torch.long)
                 mask[1, 6:] = 0
-            config = {k: v for k, v in hf_config.to_dict().items()
-                      if k not in ("id2label", "label2id", "transformers_version")}
-
-            def hf_loss(m, i, a):
-                logits = m(input_ids=i, attention_mask=a).logits
-                return logits, next_token_loss(logits, i, a)
-
-            paths.append(_lm_case(out_dir / f"{name}_{dtype}.npz", model, ids, mask, config,
-                                  "hf_gpt2", seed, dtype, hf_loss))
+            paths.append(lm_case(out_dir / f"{name}_{dtype}.npz", model, ids, mask,
+                                 hf_config_dict(hf_config), "hf_gpt2", seed, dtype, hf_lm_loss))
     return paths

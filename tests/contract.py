@@ -94,3 +94,50 @@ def assert_fixture_agrees(name: str) -> None:
         if case.dtype == np.float64:
             report = gradcheck_case(case)
             assert report is None or report.passed, str(report)
+
+
+# -- checks every language model must pass ---------------------------------------------------------
+def assert_tied_gradient_is_the_sum(tied, untied, ids, embedding: str, head: str) -> None:
+    """`tied` and `untied` hold equal weights (the untied head equal to the embedding): after
+    one next-token backward each, the tied Parameter's gradient is the sum of the untied
+    embedding's and head's gradients."""
+    from numpy_tf import cross_entropy, shifted_targets
+
+    for model in (tied, untied):
+        logits, cache = model.forward(ids)
+        _, dlogits = cross_entropy(logits, shifted_targets(ids))
+        model.zero_grad()
+        model.backward(dlogits, cache)
+    assert tied.state_dict()[head] is tied.state_dict()[embedding]
+    untied_grads = untied.grad_dict()
+    np.testing.assert_allclose(tied.grad_dict()[embedding],
+                               untied_grads[embedding] + untied_grads[head],
+                               rtol=1e-12, atol=1e-14)
+
+
+def assert_right_padding_changes_nothing(model, real: np.ndarray, padding: np.ndarray) -> None:
+    """Appending padded tokens (masked as keys, ignored as targets) leaves the real tokens'
+    logits and the next-token loss unchanged. real (1, T), padding (1, P)."""
+    from numpy_tf.objectives import NextTokenLoss
+
+    padded = np.concatenate([real, padding], axis=1)
+    mask = np.zeros(padded.shape, dtype=bool)
+    mask[:, real.shape[1]:] = True
+    alone, _ = model.forward(real)
+    with_padding, _ = model.forward(padded, key_padding_mask=mask)
+    np.testing.assert_allclose(with_padding[:, :real.shape[1]], alone, rtol=1e-13, atol=1e-14)
+    loss_alone, _ = NextTokenLoss(model).forward(real)
+    loss_padded, _ = NextTokenLoss(model).forward(padded, mask)
+    np.testing.assert_allclose(float(loss_padded), float(loss_alone), rtol=1e-13)
+
+
+def assert_hf_round_trip_is_bit_exact(config: dict, state: dict, dtype) -> None:
+    """interop.from_hf then interop.to_hf returns the same keys, in order, bit for bit."""
+    from numpy_tf import interop
+
+    model = interop.from_hf(config, state, dtype=np.dtype(dtype))
+    exported = interop.to_hf(model, config)
+    assert list(exported) == list(state)
+    for key in state:
+        assert exported[key].dtype == state[key].dtype
+        assert exported[key].tobytes() == state[key].tobytes(), key

@@ -63,7 +63,19 @@ def test_train_then_sample(tmp_path, capsys):
     assert capsys.readouterr().out == first and first.startswith("abc")
 
 
+def test_train_with_a_bpe_tokenizer_saves_it_for_sampling(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--config", "tiny-gpt", "--steps", "2", "--batch-size", "2",
+                 "--tokenizer", "bpe:300", "--out", str(out), "--sample-tokens", "2"]) == 0
+    assert "BPETokenizer" in capsys.readouterr().out
+    assert main(["sample", str(out / "checkpoint.npz"), "--prompt", "Anna the", "--tokens",
+                 "2"]) == 0
+    assert capsys.readouterr().out.startswith("Anna the")
+
+
 def test_train_and_sample_errors_are_one_line_and_status_2(tmp_path, capsys):
+    assert main(["train", "--tokenizer", "bpe:many", "--steps", "1"]) == 2
+    assert "--tokenizer must be 'byte' or 'bpe:N'" in capsys.readouterr().err
     assert main(["train", "--config", "no-such", "--steps", "1"]) == 2
     assert "neither a preset" in capsys.readouterr().err
     assert main(["train", "--text", str(tmp_path / "missing.txt")]) == 2

@@ -5,11 +5,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
-from numpy_tf import cross_entropy, gradcheck_module
+from contract import (assert_fixture_agrees, assert_right_padding_changes_nothing,
+                      assert_tied_gradient_is_the_sum, check_contract)
+from numpy_tf import gradcheck_module
 from numpy_tf.accounting import block_estimate, count_parameters, parameter_breakdown
 from numpy_tf.gpt import GPT, DecoderBlock, GPTConfig
-from numpy_tf.objectives import NextTokenLoss, shifted_targets
+from numpy_tf.objectives import NextTokenLoss
 
 SEED_IDS = np.array([[1, 3, 5, 7], [1, 4, 6, 8]])
 
@@ -83,33 +84,17 @@ def test_post_ln_block_full_gradient_check():
 def test_tied_gradient_is_the_sum_of_the_two_untied_uses():
     tied = GPT(_gpt2(init_std=0.3), rng=6)
     untied = GPT(_gpt2(init_std=0.3, tied=False), rng=6)
-    state = dict(tied.state_dict())
-    untied.load_state_dict(state)               # the untied head starts equal to the embedding
-    ids = np.random.default_rng(7).integers(0, 24, (2, 7))
-    for model in (tied, untied):
-        logits, cache = model.forward(ids)
-        _, dlogits = cross_entropy(logits, shifted_targets(ids))
-        model.zero_grad()
-        model.backward(dlogits, cache)
-    assert tied.output.weight is tied.tokens.weight
-    np.testing.assert_allclose(tied.tokens.weight.grad,
-                               untied.tokens.weight.grad + untied.output.weight.grad,
-                               rtol=1e-12, atol=1e-14)
+    untied.load_state_dict(dict(tied.state_dict()))   # the untied head starts equal
+    assert_tied_gradient_is_the_sum(tied, untied, np.random.default_rng(7).integers(0, 24, (2, 7)),
+                                    "tokens.weight", "output.weight")
     assert count_parameters(untied) - count_parameters(tied) == 24 * 16
 
 
 def test_right_padding_changes_nothing_for_the_real_tokens():
     model = GPT(_gpt2(init_std=0.3), rng=8)
     rng = np.random.default_rng(9)
-    real = rng.integers(0, 24, (1, 5))
-    padded = np.concatenate([real, rng.integers(0, 24, (1, 3))], axis=1)
-    mask = np.array([[False] * 5 + [True] * 3])
-    alone, _ = model.forward(real)
-    with_padding, _ = model.forward(padded, key_padding_mask=mask)
-    np.testing.assert_allclose(with_padding[:, :5], alone, rtol=1e-13, atol=1e-14)
-    loss_alone, _ = NextTokenLoss(model).forward(real)
-    loss_padded, _ = NextTokenLoss(model).forward(padded, mask)
-    assert float(loss_padded) == pytest.approx(float(loss_alone), rel=1e-13)
+    assert_right_padding_changes_nothing(model, rng.integers(0, 24, (1, 5)),
+                                         rng.integers(0, 24, (1, 3)))
 
 
 def test_twelve_d_squared_per_block():

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from contract import assert_hf_round_trip_is_bit_exact
 from numpy_tf import interop
 from numpy_tf.cases import Case
 from numpy_tf.verify import fixtures_dir
@@ -14,13 +15,7 @@ def _gpt2_case(name="gpt2_tied_float64"):
 
 @pytest.mark.parametrize("name", ["gpt2_tied_float64", "gpt2_untied_float32"])
 def test_gpt2_load_then_export_is_bit_exact(name):
-    config, state = _gpt2_case(name)
-    model = interop.from_hf(config, state, dtype=np.dtype(name.split("_")[-1]))
-    exported = interop.to_hf(model, config)
-    assert list(exported) == list(state)
-    for key in state:
-        assert exported[key].dtype == state[key].dtype
-        assert exported[key].tobytes() == state[key].tobytes(), key
+    assert_hf_round_trip_is_bit_exact(*_gpt2_case(name), name.split("_")[-1])
 
 
 def test_gpt2_conv1d_weights_are_transposed():

@@ -16,7 +16,7 @@ def test_reference_never_imports_numpy_tf():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("family", ["layers", "optim"])
+@pytest.mark.parametrize("family", ["layers", "optim", "cbow"])
 def test_regenerating_the_fixtures_gives_the_same_arrays(tmp_path, family):
     pytest.importorskip("torch")
     subprocess.run([sys.executable, str(ROOT / "reference" / "generate.py"), "--out",
