@@ -297,10 +297,11 @@ def export(args) -> int:
     except (TypeError, ValueError) as error:
         raise UserError(str(error)) from None
     case.save(args.out)
+    inputs = ", ".join(f"{name} {value.shape}" for name, value in case.section("input").items())
     print(f"wrote {args.out}: {args.model} ({case.meta['dtype']}, seed {args.seed}), "
-          f"{len(case.section('param'))} parameter tensors, ids "
-          f"{case.arrays['input/ids'].shape}, {len(case.section('act'))} activations and their "
-          f"gradients, loss {float(case.arrays['loss']):.6g}")
+          f"{len(case.section('param'))} parameter tensors, inputs {inputs}, "
+          f"{len(case.section('act'))} activations and their gradients, "
+          f"loss {float(case.arrays['loss']):.6g}")
     return 0
 
 
@@ -375,16 +376,17 @@ def _shape(text: str) -> tuple[int, ...]:
 def _tool_parsers(commands) -> None:
     p = commands.add_parser("export", help="write one case file of a whole model: inputs, "
                             "parameters, activations, outputs, loss, every gradient")
-    p.add_argument("--model", required=True, help="tiny-gpt or gpt2 (llama, transformer: "
-                   "when those models are in numpy_tf)")
-    p.add_argument("--config", help="a preset (tiny; gpt2-tiny, gpt2-124m), a JSON file or "
-                   "inline JSON of config fields (default: the model's first preset)")
+    p.add_argument("--model", required=True, help="tiny-gpt, gpt2, llama or transformer")
+    p.add_argument("--config", help="a preset (tiny-gpt: tiny; gpt2: gpt2-tiny, gpt2-124m; "
+                   "llama: llama-tiny, smollm2-135m; transformer: digits), a JSON file or inline "
+                   "JSON of config fields (default: the model's first preset)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config field (repeatable), e.g. --set layers=1")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--length", type=int, default=None, help="tokens per row (default 7)")
+    p.add_argument("--length", type=int, default=None, help="tokens per row (default 7; the "
+                   "transformer's longest digit string, default 5)")
     p.add_argument("--pad", type=int, default=0, help="padded positions at the end of the "
                    "last row (adds a key_padding_mask input)")
     p.add_argument("-o", "--out", required=True, help="the case file to write")

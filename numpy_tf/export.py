@@ -11,7 +11,9 @@ reader can open it). Its keys, in this order (the order is part of the format):
                           convention the numbers follow (meta["conventions"]), this key list
     param/<name>          every parameter (torch-style state_dict names; a tied weight under
                           each of its names)
-    input/<name>          ids (B, T) int64; key_padding_mask (B, T) bool, True at padding (if any)
+    input/<name>          ids (B, T) int64; key_padding_mask (B, T) bool, True at padding (if
+                          any); the transformer's: src_ids, decoder_input, target (-100 where
+                          nothing is predicted), src_key_padding_mask, tgt_key_padding_mask
     act/<module>          each named module's forward output, in forward call order
     output/logits         (B, T, V)
     loss                  0-d: the objective meta["loss"] defines
@@ -24,8 +26,8 @@ dtype. Weights and inputs are drawn from numpy.random.default_rng(seed): weights
 named_parameters order, N(0, s^2) with s = init_std (default 1.2 / sqrt(width), so attention
 is far from uniform and the case has teeth), norm weights 1 + N(0, 0.2^2); then the ids.
 
-Models are one table, EXPORTS: adding a model kind (Llama, the encoder-decoder Transformer)
-is one ModelExport entry.
+Models are one table, EXPORTS (tiny-gpt, gpt2, llama, transformer): adding a model kind is one
+ModelExport entry.
 """
 from __future__ import annotations
 
@@ -37,8 +39,11 @@ import numpy as np
 
 from .cases import Case
 from .core import Module, float_dtype, record_activations
+from .data import reverse_digits
 from .gpt import GPT, GPTConfig
-from .objectives import NextTokenLoss
+from .llama import Llama, LlamaConfig
+from .objectives import NextTokenLoss, Seq2SeqLoss
+from .seq2seq import Seq2Seq, Seq2SeqConfig
 
 ORDER = ["meta", "param/<name>", "input/<name>", "act/<module> (forward order)",
          "output/<name>", "loss", "grad_act/<module> (backward order)", "grad/<name>"]
@@ -49,6 +54,13 @@ NEXT_TOKEN_LOSS = {
                   "last position, padded positions and positions followed by padding are not "
                   "kept (their target is ignore_index); 0.0 with zero gradients if nothing is "
                   "kept"}
+TARGET_LOSS = {
+    "name": "target_cross_entropy", "ignore_index": -100,
+    "definition": "mean over the (b, t) with target[b, t] != -100 of "
+                  "-log softmax(logits[b, t])[target[b, t]] (teacher forcing: the decoder reads "
+                  "decoder_input = BOS + reversed digits and predicts target = reversed digits "
+                  "+ EOS)"}
+LINEAR_LAYOUT = "(out_features, in_features), y = x W^T + b"
 
 
 @dataclass(frozen=True)
@@ -63,14 +75,14 @@ class ModelExport:
     width: Callable[[Module], int]                  # for the default weight spread
 
 
-def _gpt_inputs(model: GPT, g: np.random.Generator, batch: int, length: int | None,
-                pad: int) -> dict:
+def _lm_inputs(model: Module, g: np.random.Generator, batch: int, length: int | None,
+               pad: int) -> dict:
     """ids (batch, length) uniform over the vocabulary; `pad` padded positions at the end of
-    the last row."""
-    length = min(7, model.config.max_context) if length is None else length
-    if not 1 <= length <= model.config.max_context:
-        raise ValueError(f"length must be in [1, max_context = {model.config.max_context}]; "
-                         f"got {length}")
+    the last row (a key_padding_mask, True at padding)."""
+    longest = getattr(model.config, "max_context", None)
+    length = min(7, longest or 7) if length is None else length
+    if length < 1 or (longest is not None and length > longest):
+        raise ValueError(f"length must be in [1, max_context = {longest}]; got {length}")
     if not 0 <= pad < length:
         raise ValueError(f"pad must be in [0, length = {length}); got {pad}")
     inputs = {"ids": g.integers(0, model.config.vocab_size, (batch, length), dtype=np.int64)}
@@ -111,11 +123,73 @@ def _gpt_conventions(model: GPT) -> dict:
         "tied": "output.weight IS tokens.weight (one Parameter, listed under both names; its "
                 "gradient is the sum of both uses)" if c.tied else "untied",
         "dropout": "none (p = 0: the case is deterministic)",
-        "linear_weight_layout": "(out_features, in_features), y = x W^T + b",
+        "linear_weight_layout": LINEAR_LAYOUT,
     }
 
 
-_GPT = dict(build=None, objective=NextTokenLoss, inputs=_gpt_inputs,
+def _llama_conventions(model: Llama) -> dict:
+    c = model.config
+    return {
+        "model": "ids -> embed_tokens -> layers -> norm -> lm_head (Linear, no bias) = logits; "
+                 "names are HF LlamaForCausalLM's without the `model.` prefix",
+        "block": "u = x + self_attn(input_layernorm(x)); y = u + mlp(post_attention_layernorm"
+                 "(u))",
+        "attention": f"causal self-attention, {c.num_attention_heads} query heads and "
+                     f"{c.kv_heads} key/value heads of {c.head_width}; q_proj, k_proj, v_proj, "
+                     "o_proj; key/value head j serves query heads j r .. j r + r - 1 (HF "
+                     "repeat_kv); scores q k^T / sqrt(d); query i sees keys j <= i",
+        "rope": f"on q and k after the projections, halves layout (HF rotate_half: pairs "
+                f"(i, i + d/2)), inv_freq_i = {c.rope_theta:g}^(-2i/d), positions 0 .. T-1, "
+                "angles in the working dtype (HF computes them in float32)",
+        "rmsnorm": f"w x / sqrt(mean(x^2) + eps), eps = {c.rms_norm_eps:g}, over the last axis, "
+                   "in the working dtype (HF casts to float32)",
+        "mlp": "SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x))",
+        "key_padding_mask": "(B, T) bool, True = padding: blocked as a key",
+        "biases": f"attention {c.attention_bias}, mlp {c.mlp_bias}, lm_head none",
+        "tied": "lm_head.weight IS embed_tokens.weight (listed under both names; its gradient "
+                "is the sum of both uses)" if c.tie_word_embeddings else "untied",
+        "positions": "RoPE only (no absolute positions)", "gelu": "none (SiLU in the MLP)",
+        "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
+    }
+
+
+def _digit_inputs(model: Seq2Seq, g: np.random.Generator, batch: int, length: int | None,
+                  pad: int) -> dict:
+    """The digit-reversal task (numpy_tf.data.reverse_digits): `batch` strings of random
+    lengths in [1, length], so the shorter ones are padded on both sides."""
+    if pad:
+        raise ValueError("pad applies to the decoder-only models; the transformer's digit "
+                         "strings are padded by their random lengths")
+    task = reverse_digits(batch, g, 1, 5 if length is None else length)
+    return {"src_ids": task.source, "decoder_input": task.decoder_input,
+            "target": task.target, "src_key_padding_mask": task.source_padding_mask,
+            "tgt_key_padding_mask": task.target_padding_mask}
+
+
+def _seq2seq_conventions(model: Seq2Seq) -> dict:
+    c = model.config
+    return {
+        "model": "src_ids -> src_embedding [* sqrt(d_model)] -> positions -> "
+                 "transformer.encoder = memory; decoder_input -> tgt_embedding [* sqrt(d_model)] "
+                 "-> positions (its second call: act/positions#2) -> transformer.decoder(., "
+                 "memory) -> output (Linear with bias) = logits; transformer.* are "
+                 "torch.nn.Transformer(batch_first=True)'s names",
+        "scale_embeddings": c.scale_embeddings,
+        "block": ("Pre-LN" if c.norm_first else "Post-LN (torch's default)") +
+                 f", {c.activation} feed-forward of {c.dim_feedforward}, {c.nhead} heads, "
+                 "final LayerNorms transformer.encoder.norm and transformer.decoder.norm",
+        "masks": "src_key_padding_mask (B, S) and tgt_key_padding_mask (B, T) bool, True = "
+                 "padding; the source padding is also the memory's (memory_key_padding_mask); "
+                 "the decoder's self-attention is causal",
+        "positions": "sinusoidal PE(t, 2i) = sin(t 10000^(-2i/C)), PE(t, 2i+1) = cos(.), added",
+        "layernorm": f"biased variance over the last axis, eps = {c.layer_norm_eps} inside "
+                     "the square root",
+        "gelu": "exact (erf)" if c.activation == "gelu" else "none (ReLU)",
+        "rope": "none", "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
+    }
+
+
+_GPT = dict(build=None, objective=NextTokenLoss, inputs=_lm_inputs,
             conventions=_gpt_conventions, loss=NEXT_TOKEN_LOSS,
             width=lambda model: model.config.width)
 
@@ -127,9 +201,18 @@ EXPORTS: dict[str, ModelExport] = {
         "gpt2-tiny": dict(vocab_size=24, max_context=10, width=16, heads=4, layers=2),
         "gpt2-124m": {}},
         "build": lambda fields, dtype: GPT(GPTConfig.gpt2(**fields), dtype=dtype)}),
+    "llama": ModelExport(
+        presets={"llama-tiny": {"num_key_value_heads": 2},
+                 "smollm2-135m": LlamaConfig.smollm2_135m().to_dict()},
+        build=lambda fields, dtype: Llama(LlamaConfig(**fields), dtype=dtype),
+        objective=NextTokenLoss, inputs=_lm_inputs, conventions=_llama_conventions,
+        loss=NEXT_TOKEN_LOSS, width=lambda model: model.config.hidden_size),
+    "transformer": ModelExport(
+        presets={"digits": {}},
+        build=lambda fields, dtype: Seq2Seq(Seq2SeqConfig(**fields), dtype=dtype),
+        objective=Seq2SeqLoss, inputs=_digit_inputs, conventions=_seq2seq_conventions,
+        loss=TARGET_LOSS, width=lambda model: model.config.d_model),
 }
-# model kinds that will join EXPORTS when their models are merged into numpy_tf
-PLANNED = ("llama", "transformer")
 
 
 def resolve_config(model: str, config: str | dict | None = None,
@@ -150,9 +233,7 @@ def resolve_config(model: str, config: str | dict | None = None,
 
 def model_export(model: str) -> ModelExport:
     if model not in EXPORTS:
-        later = [name for name in PLANNED if name not in EXPORTS]
-        note = f" ({', '.join(later)}: not in this numpy_tf yet)" if later else ""
-        raise ValueError(f"unknown model {model!r}; numpy_tf exports {', '.join(EXPORTS)}{note}")
+        raise ValueError(f"unknown model {model!r}; numpy_tf exports {', '.join(EXPORTS)}")
     return EXPORTS[model]
 
 
@@ -198,7 +279,7 @@ def export_case(model: str, config: str | dict | None = None, overrides: dict | 
     meta = {"generator": "numpy_tf.export", "numpy_tf": __version__, "numpy": np.__version__,
             "model": model, "kind": model, "level": "model", "seed": seed,
             "dtype": dtype.name, "config": network.config.to_dict(), "init_std": std,
-            "inputs": ["ids"], "keyword_inputs": [k for k in inputs if k != "ids"],
+            "inputs": list(inputs), "keyword_inputs": [k for k in inputs if "mask" in k],
             "outputs": ["logits"], "loss": entry.loss, "order": ORDER,
             "conventions": {**entry.conventions(network), "dtype": f"every float array is "
                             f"{dtype.name}; ids int64; masks bool",

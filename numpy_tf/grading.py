@@ -54,6 +54,11 @@ _REFERENCE = {name: (spec, spec.forward, spec.backward) for name, spec in LAYERS
 _SUBMISSIONS = itertools.count()
 
 
+def _finite(value: float) -> float | None:
+    """JSON has no inf: a case that could not be compared has None."""
+    return float(value) if np.isfinite(value) else None
+
+
 @dataclass
 class CaseResult:
     case: str
@@ -89,7 +94,8 @@ class FunctionResult:
     def to_dict(self) -> dict:
         return {"function": self.function, "passed": self.passed, "points": self.points,
                 "possible": self.possible, "error": self.error,
-                "cases": [case.__dict__ for case in self.cases]}
+                "cases": [{**case.__dict__, "max_abs_error": _finite(case.max_abs_error)}
+                          for case in self.cases]}
 
 
 @dataclass
@@ -111,7 +117,7 @@ class GradeReport:
         total = self.to_dict()
         rows = [("function", "cases", "points", "worst error", "finite-diff", "verdict")]
         for f in self.functions:
-            errors = [c.max_abs_error for c in f.cases]
+            errors = [c.max_abs_error for c in f.cases if np.isfinite(c.max_abs_error)]
             fds = [c.fd_norm_rel_error for c in f.cases if c.fd_norm_rel_error is not None]
             rows.append((f.function, f"{f.points}/{f.possible}", str(f.points),
                          f"{max(errors):.1e}" if errors else "-",

@@ -8,10 +8,9 @@ keyword arguments for a shape (`build(g, shape, dtype, **options)`), the layer's
 (T = 1, size-1 axes, fully masked attention rows, repeated embedding ids, ignored targets, rows
 of near-zero variance, ...) and the definitions a student is given in place of the derivation.
 
-Conventions of the drawn inputs: floats are drawn in float64 from one seeded Generator and cast
-to the dtype; ReLU inputs stay 0.05 away from the kink (finite differences are meaningless
-across it); an input named `rng` holds a seed, and `LayerSpec.call` gives every call a fresh
-Generator from it, so dropout draws the same mask each time and can be checked numerically.
+The inputs are drawn by numpy_tf.layer_inputs. An input named `rng` holds a seed, and
+`LayerSpec.call` gives every call a fresh Generator from it, so dropout draws the same mask each
+time and can be checked numerically.
 """
 from __future__ import annotations
 
@@ -22,8 +21,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import (activations, attention, dropout, embedding, linear, loss, norm, positions, rope,
-               softmax)
+from . import (activations, attention, cbow, dropout, embedding, linear, loss, norm, positions,
+               rope, softmax)
+from . import layer_inputs as draw
 from .gradcheck import GradcheckReport, gradcheck
 
 # the package's `feedforward` is the function of that name (numpy_tf/__init__.py): the module
@@ -73,101 +73,6 @@ class LayerSpec:
                            isinstance(value, int) else value for key, value in inputs.items()})
 
 
-def _normal(g, shape, dtype, scale: float = 1.0) -> np.ndarray:
-    return (g.standard_normal(shape) * scale).astype(dtype)
-
-
-# -- input builders: build(g, shape, dtype, **options) -> the forward's keyword arguments, ---
-# g the numpy Generator every value is drawn from
-def _linear(g, shape, dtype, out_features=5, bias=True):
-    return {"x": _normal(g, shape, dtype),
-            "weight": _normal(g, (out_features, shape[-1]), dtype),
-            "bias": _normal(g, (out_features,), dtype) if bias else None}
-
-
-def _embedding(g, shape, dtype, vocab=6, dim=4, padding_idx=None, repeated=False):
-    ids = np.full(shape, 3) if repeated else g.integers(0, vocab, shape)
-    if padding_idx is not None:
-        ids.flat[::2] = padding_idx
-    return {"ids": ids, "weight": _normal(g, (vocab, dim), dtype), "padding_idx": padding_idx}
-
-
-def _away_from_zero(g, shape, dtype, sign=None):
-    x = g.standard_normal(shape)
-    x = np.sign(x) * (0.05 + np.abs(x)) if sign is None else sign * (0.05 + np.abs(x))
-    return {"x": x.astype(dtype)}
-
-
-def _elementwise(g, shape, dtype, scale=1.0, **fixed):
-    return {"x": _normal(g, shape, dtype, scale), **fixed}
-
-
-def _cross_entropy(g, shape, dtype, ignored=0, label_smoothing=0.0, reduction="mean",
-                   scale=1.0):
-    targets = g.integers(0, shape[-1], shape[:-1])
-    targets.flat[:targets.size if ignored == "all" else ignored] = -100
-    return {"logits": _normal(g, shape, dtype, scale), "targets": targets,
-            "ignore_index": -100, "label_smoothing": label_smoothing, "reduction": reduction}
-
-
-def _attention(g, shape, dtype, kv_heads=None, keys=None, value_dim=None, causal=False,
-               mask=None, padding=None, dropout_p=0.0):
-    batch, heads, queries, width = shape
-    groups, keys = kv_heads or heads, keys or queries
-    attn_mask = key_padding_mask = None
-    if mask == "float":
-        attn_mask = _normal(g, (queries, keys), dtype)
-    elif mask == "blocked row":                         # query 0 may see no key at all
-        attn_mask = g.random((queries, keys)) < 0.3
-        attn_mask[0] = True
-    if padding == "one sequence all padding":
-        key_padding_mask = np.zeros((batch, keys), dtype=bool)
-        key_padding_mask[-1] = True
-        key_padding_mask[0, -1] = True
-    return {"q": _normal(g, shape, dtype), "k": _normal(g, (batch, groups, keys, width), dtype),
-            "v": _normal(g, (batch, groups, keys, value_dim or width), dtype),
-            "attn_mask": attn_mask, "key_padding_mask": key_padding_mask, "is_causal": causal,
-            "causal_offset": 0, "dropout_p": dropout_p, "rng": 7, "scale": None}
-
-
-def _row_norm(g, shape, dtype, weight=True, bias=True, special_rows=False, eps=1e-5,
-              rms=False):
-    x = g.standard_normal(shape)
-    if special_rows:                # RMSNorm: rows of zeros; LayerNorm: rows of nearly one value
-        x.reshape(-1, shape[-1])[0] = 0.0 if rms else 0.7 + 1e-7 * g.standard_normal(shape[-1])
-        x.reshape(-1, shape[-1])[1] = 0.0 if rms else -1.3
-    inputs = {"x": x.astype(dtype),
-              "weight": (1.0 + _normal(g, shape[-1:], np.float64, 0.3)).astype(dtype)
-              if weight else None}
-    if not rms:
-        inputs["bias"] = _normal(g, shape[-1:], dtype) if bias else None
-    return {**inputs, "eps": eps}
-
-
-def _learned_positions(g, shape, dtype, max_context=6, offset=0):
-    return {"x": _normal(g, shape, dtype), "weight": _normal(g, (max_context, shape[-1]),
-                                                               dtype), "offset": offset}
-
-
-def _rope(g, shape, dtype, interleaved=False, per_batch=False, offset=0):
-    batch, _, length, _ = shape
-    positions = np.stack([g.permutation(3 * length)[:length] for _ in range(batch)]) \
-        if per_batch else np.arange(offset, offset + length)
-    return {"x": _normal(g, shape, dtype), "positions": positions, "base": 10000.0,
-            "interleaved": interleaved}
-
-
-def _swiglu(g, shape, dtype, hidden=6):
-    width = shape[-1]
-    return {"x": _normal(g, shape, dtype), "gate_weight": _normal(g, (hidden, width), dtype),
-            "up_weight": _normal(g, (hidden, width), dtype),
-            "down_weight": _normal(g, (width, hidden), dtype)}
-
-
-def _gate(g, shape, dtype, scale=1.0):
-    return {"gate": _normal(g, shape, dtype, scale), "up": _normal(g, shape, dtype)}
-
-
 def _case(name, shape, finite_differences=True, **options) -> EdgeCase:
     return EdgeCase(name, shape, options, finite_differences)
 
@@ -177,14 +82,14 @@ _SOFTMAX_CASES = (_case("rows of 5", (2, 3, 5)), _case("over axis 0", (4, 3), ax
                   _case("large logits (scale 20)", (2, 6), scale=20.0))
 
 LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
-    LayerSpec("linear", linear, linear.LinearCache, ("x", "weight", "bias"), _linear,
+    LayerSpec("linear", linear, linear.LinearCache, ("x", "weight", "bias"), draw.linear,
               "x (..., IN)", (_case("with bias", (2, 3, 4)),
                               _case("no bias", (2, 3, 4), bias=False),
                               _case("T=1, one feature, one output", (1, 1, 1), out_features=1),
                               _case("one vector x (IN,)", (4,))),
               "y = x W^T + b, x (..., IN), W (OUT, IN), b (OUT,) -> y (..., OUT).\n"
               "Return (dx, dweight, dbias), shaped like x, W and b; dbias is None without a bias."),
-    LayerSpec("embedding", embedding, embedding.EmbeddingCache, ("weight",), _embedding,
+    LayerSpec("embedding", embedding, embedding.EmbeddingCache, ("weight",), draw.embedding,
               "ids (...)", (_case("ids (2, 3)", (2, 3)),
                             _case("every id the same: the row's gradients add up", (2, 4),
                                   repeated=True),
@@ -192,11 +97,11 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
                             _case("one token", (1, 1))),
               "out[n] = W[ids[n]], ids (...) integers in [0, V), W (V, D) -> out (..., D).\n"
               "Return dweight (V, D); the padding_idx row (if any) gets no gradient, as in torch."),
-    LayerSpec("relu", activations, activations.ReLUCache, ("x",), _away_from_zero, "x (...)",
+    LayerSpec("relu", activations, activations.ReLUCache, ("x",), draw.away_from_zero, "x (...)",
               (_case("x (2, 3, 4)", (2, 3, 4)), _case("one element", (1, 1, 1)),
                _case("all negative", (3, 4), sign=-1.0)),
               "y = max(x, 0) elementwise. Return dx, shaped like x (0 at x = 0, as torch)."),
-    LayerSpec("gelu", activations, activations.GELUCache, ("x",), _elementwise, "x (...)",
+    LayerSpec("gelu", activations, activations.GELUCache, ("x",), draw.elementwise, "x (...)",
               (_case("exact (erf)", (2, 3, 4)), _case("tanh approximation", (2, 3, 4),
                                                      approximate="tanh"),
                _case("tails, |x| up to ~20", (3, 5), scale=8.0),
@@ -205,17 +110,17 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "approximate='none': y = x Phi(x), Phi the standard normal CDF.\n"
               "approximate='tanh': y = x (1 + tanh(u)) / 2, u = sqrt(2/pi) (x + 0.044715 x^3).\n"
               "Return dx, the exact derivative of the variant that ran forward."),
-    LayerSpec("silu", activations, activations.SiLUCache, ("x",), _elementwise, "x (...)",
+    LayerSpec("silu", activations, activations.SiLUCache, ("x",), draw.elementwise, "x (...)",
               (_case("x (2, 3, 4)", (2, 3, 4)), _case("large |x| (scale 30)", (3, 5), scale=30.0),
                _case("one element", (1,))),
               "y = x sigma(x), sigma(x) = 1 / (1 + exp(-x)). Return dx, shaped like x."),
-    LayerSpec("softmax", softmax, softmax.SoftmaxCache, ("x",), _elementwise, "x (...)",
+    LayerSpec("softmax", softmax, softmax.SoftmaxCache, ("x",), draw.elementwise, "x (...)",
               _SOFTMAX_CASES,
               "p_i = exp(x_i) / sum_j exp(x_j) along `axis`. Return dx, shaped like x."),
-    LayerSpec("log_softmax", softmax, softmax.LogSoftmaxCache, ("x",), _elementwise, "x (...)",
+    LayerSpec("log_softmax", softmax, softmax.LogSoftmaxCache, ("x",), draw.elementwise, "x (...)",
               _SOFTMAX_CASES,
               "y_i = x_i - log sum_j exp(x_j) along `axis`. Return dx, shaped like x."),
-    LayerSpec("cross_entropy", loss, loss.CrossEntropyCache, ("logits",), _cross_entropy,
+    LayerSpec("cross_entropy", loss, loss.CrossEntropyCache, ("logits",), draw.cross_entropy,
               "logits (..., C)",
               (_case("mean over (2, 3) positions, 5 classes", (2, 3, 5)),
                _case("some targets ignored", (2, 4, 5), ignored=3),
@@ -230,14 +135,14 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "'mean' divides the sum by the number of kept targets (0 if none), 'sum' does\n"
               "not, 'none' keeps one loss per position. dloss is the upstream gradient of the\n"
               "loss (0-d, or per position for 'none'). Return dlogits, shaped like the logits."),
-    LayerSpec("dropout", dropout, dropout.DropoutCache, ("x",), _elementwise, "x (...)",
+    LayerSpec("dropout", dropout, dropout.DropoutCache, ("x",), draw.elementwise, "x (...)",
               (_case("p = 0.5, training", (2, 3, 4), p=0.5, rng=3, training=True),
                _case("p = 0 (nothing dropped)", (2, 3), p=0.0, rng=3, training=True),
                _case("eval mode (the identity)", (2, 3), p=0.5, rng=3, training=False),
                _case("one element", (1,), p=0.3, rng=5, training=True)),
               "y = x m, with the mask m (0 or 1 / (1 - p)) drawn by the forward (None when\n"
               "nothing was dropped). Return dx, shaped like x."),
-    LayerSpec("attention", attention, attention.AttentionCache, ("q", "k", "v"), _attention,
+    LayerSpec("attention", attention, attention.AttentionCache, ("q", "k", "v"), draw.attention,
               "q (B, H, Tq, d)",
               (_case("causal self-attention", (2, 2, 4, 3), causal=True),
                _case("grouped-query: 4 heads, 2 key/value heads, Tq=3, Tk=5, dv=3", (1, 4, 3, 2),
@@ -254,7 +159,7 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "with the dropout mask m (or P v). Key/value head j serves query heads j r ..\n"
               "j r + r - 1, r = H / G. q (B, H, Tq, d), k (B, G, Tk, d), v (B, G, Tk, dv).\n"
               "Return (dq, dk, dv), shaped like q, k and v."),
-    LayerSpec("layernorm", norm, norm.LayerNormCache, ("x", "weight", "bias"), _row_norm,
+    LayerSpec("layernorm", norm, norm.LayerNormCache, ("x", "weight", "bias"), draw.row_norm,
               "x (..., C)",
               (_case("x (2, 3, 5)", (2, 3, 5)), _case("T=1", (1, 1, 4)),
                _case("C=1 (x_hat is 0)", (2, 3, 1)),
@@ -265,7 +170,7 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "var = (1/C) sum_j (x_j - mean)^2, inv_std = (var + eps)^(-1/2),\n"
               "x_hat_i = (x_i - mean) inv_std, out_i = w_i x_hat_i + b_i.\n"
               "Return (dx, dweight, dbias); dweight / dbias are None without a weight / bias."),
-    LayerSpec("rmsnorm", norm, norm.RMSNormCache, ("x", "weight"), _row_norm, "x (..., C)",
+    LayerSpec("rmsnorm", norm, norm.RMSNormCache, ("x", "weight"), draw.row_norm, "x (..., C)",
               (_case("x (2, 3, 5)", (2, 3, 5), rms=True, eps=1e-6),
                _case("rows of zeros", (2, 2, 4), rms=True, special_rows=True, eps=1e-6),
                _case("no weight", (2, 4), rms=True, weight=False, eps=1e-5),
@@ -275,16 +180,16 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "x_hat_i = x_i inv_rms, out_i = w_i x_hat_i.\n"
               "Return (dx, dweight); dweight is None without a weight."),
     LayerSpec("learned_positions", positions, positions.LearnedPositionsCache, ("x", "weight"),
-              _learned_positions, "x (B, T, C)",
+              draw.learned_positions, "x (B, T, C)",
               (_case("x (2, 3, 4)", (2, 3, 4)), _case("offset 2", (2, 3, 4), offset=2),
                _case("T = max_context", (1, 6, 2)), _case("T=1 at the last row", (1, 1, 3),
                                                           offset=5)),
               "out[b, t] = x[b, t] + W[offset + t], W (max_context, C).\n"
               "Return (dx, dweight), shaped like x and W."),
-    LayerSpec("sinusoidal_positions", positions, None, ("x",), _elementwise, "x (B, T, C)",
+    LayerSpec("sinusoidal_positions", positions, None, ("x",), draw.elementwise, "x (B, T, C)",
               (_case("x (2, 3, 4)", (2, 3, 4)), _case("offset 5", (1, 2, 6), offset=5)),
               "out = x + PE[offset : offset + T], PE a fixed table. Return dx, shaped like x."),
-    LayerSpec("rope", rope, rope.RoPECache, ("x",), _rope, "x (B, H, T, D)",
+    LayerSpec("rope", rope, rope.RoPECache, ("x",), draw.rope, "x (B, H, T, D)",
               (_case("halves (HF Llama)", (2, 2, 3, 4)),
                _case("interleaved pairs (Meta Llama)", (2, 2, 3, 4), interleaved=True),
                _case("positions per sequence (B, T)", (2, 1, 3, 4), per_batch=True),
@@ -293,17 +198,26 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "p base^(-2i/D): a' = a cos(theta) - b sin(theta),\n"
               "b' = a sin(theta) + b cos(theta);\n"
               "pairs are (x_2i, x_2i+1) if interleaved, else (x_i, x_i+D/2). Return dx."),
-    LayerSpec("swiglu_gate", feedforward, feedforward.GateCache, ("gate", "up"), _gate,
+    LayerSpec("swiglu_gate", feedforward, feedforward.GateCache, ("gate", "up"), draw.gate,
               "gate (..., F)",
               (_case("(2, 3, 4)", (2, 3, 4)), _case("large gate values", (3, 4), scale=20.0),
                _case("one element", (1,))),
               "h = silu(g) * u elementwise. Return (dgate, dup), shaped like g and u."),
     LayerSpec("swiglu", feedforward, feedforward.SwiGLUCache,
-              ("x", "gate_weight", "up_weight", "down_weight"), _swiglu, "x (..., C)",
-              (_case("x (2, 3, 4), F = 6", (2, 3, 4)), _case("T=1", (1, 1, 3)),
-               _case("hidden width 1", (2, 3), hidden=1)),
-              "y = W_down (silu(W_gate x) * (W_up x)); W_gate, W_up (F, C), W_down (C, F).\n"
-              "Return (dx, dgate_weight, dup_weight, ddown_weight)."),
+              ("x", "gate_weight", "up_weight", "down_weight", "gate_bias", "up_bias",
+               "down_bias"), draw.swiglu, "x (..., C)",
+              (_case("x (2, 3, 4), F = 6", (2, 3, 4)), _case("with biases", (2, 3, 4), bias=True),
+               _case("T=1", (1, 1, 3)), _case("hidden width 1", (2, 3), hidden=1)),
+              "y = W_down (silu(W_gate x + b_gate) * (W_up x + b_up)) + b_down;\n"
+              "W_gate, W_up (F, C), W_down (C, F), optional biases (F,), (F,), (C,).\n"
+              "Return (dx, dgate_weight, dup_weight, ddown_weight, dgate_bias, dup_bias,\n"
+              "ddown_bias); a bias gradient is None where the forward had no bias."),
+    LayerSpec("cbow", cbow, cbow.CBOWMeanCache, ("weight",), draw.cbow, "contexts (N, 2c)",
+              (_case("4 rows of 4 context words", (4, 4)),
+               _case("a word twice in each context", (3, 4), repeated=True),
+               _case("one row, one context word", (1, 1))),
+              "h_n = (1 / 2c) sum_j E[contexts[n, j]], contexts (N, 2c) ids, E (V, D) ->\n"
+              "h (N, D). Return dweight (V, D)."),
 ]}
 
 

@@ -23,7 +23,10 @@ differs. torch is imported inside run_torch only; numpy_tf never needs it otherw
   ["name"], written here in torch: LOSSES).
 - `activations` = {numpy_tf activation name: torch module name}: a forward hook records each
   named module's output (the first element of a tuple), and a hook on that output tensor its
-  gradient, written as act/<numpy_tf name> and grad_act/<numpy_tf name>.
+  gradient, written as act/<numpy_tf name> and grad_act/<numpy_tf name>. "matching" takes
+  every activation of the case whose name is also a submodule of the module; a module of the
+  same name must then compute the same thing (the seed material's TinyGPT names its position
+  table `positions` and adds it outside; numpy_tf's `positions` returns x + P: leave it out).
 
 The written file holds param/, input/, act/, output/, loss, grad_act/ and grad/ (gradients
 under the numpy_tf names, transposed back where needed) and a meta naming torch's version.
@@ -54,7 +57,17 @@ def _next_token_loss(logits, inputs, ignore_index: int = -100):
                            ignore_index=ignore_index)
 
 
-LOSSES: dict[str, Callable] = {"next_token_cross_entropy": _next_token_loss}
+def _target_loss(logits, inputs, ignore_index: int = -100):
+    """Mean cross-entropy of inputs["target"], ignore_index skipped (the encoder-decoder's)."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                           inputs["target"].reshape(-1), ignore_index=ignore_index)
+
+
+# meta["loss"]["name"] of a case -> the same loss in torch: loss(logits, inputs)
+LOSSES: dict[str, Callable] = {"next_token_cross_entropy": _next_token_loss,
+                               "target_cross_entropy": _target_loss}
 
 
 def _parameter_map(params, case_params: Mapping[str, np.ndarray], named: dict) -> dict:
@@ -79,8 +92,9 @@ def _parameter_map(params, case_params: Mapping[str, np.ndarray], named: dict) -
     return mapping
 
 
-def _hooks(torch, module, activations: Mapping[str, str], acts: dict, grads: dict) -> list:
-    """A forward hook per named module, recording its output and the output's gradient."""
+def _hooks(torch, module, activations, acts_in_case, acts: dict, grads: dict) -> tuple:
+    """A forward hook per named module, recording its output and the output's gradient;
+    returns (hook handles, the {numpy_tf name: torch name} used)."""
     def record(name):
         def hook(_, __, output):
             tensor = output[0] if isinstance(output, (tuple, list)) else output
@@ -96,6 +110,10 @@ def _hooks(torch, module, activations: Mapping[str, str], acts: dict, grads: dic
                                                                  .copy()))
         return hook
 
+    if activations == "matching":
+        submodules = dict(module.named_modules())
+        names = [key[len("act/"):] for key in acts_in_case if key.startswith("act/")]
+        activations = {name: name for name in names if name in submodules}
     handles = []
     for ours, theirs in activations.items():
         try:
@@ -104,7 +122,7 @@ def _hooks(torch, module, activations: Mapping[str, str], acts: dict, grads: dic
             raise ValueError(f"activations[{ours!r}] = {theirs!r} is not a submodule of "
                              f"{type(module).__name__}") from None
         handles.append(submodule.register_forward_hook(record(ours)))
-    return handles
+    return handles, dict(activations)
 
 
 def _logits(output):
@@ -113,7 +131,8 @@ def _logits(output):
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def run_torch(module, case_path, out_path=None, *, activations: Mapping[str, str] | None = None,
+def run_torch(module, case_path, out_path=None, *,
+              activations: Mapping[str, str] | str | None = None,
               params: Mapping | None = None, call: Callable | None = None,
               loss_fn: Callable | None = None) -> Case:
     """Run `module` on the case at `case_path`; return (and write to `out_path`) its case.
@@ -145,7 +164,7 @@ def run_torch(module, case_path, out_path=None, *, activations: Mapping[str, str
         loss_fn = LOSSES[name]
     acts: dict[str, np.ndarray] = {}
     grads: dict[str, np.ndarray] = {}
-    handles = _hooks(torch, module, activations or {}, acts, grads)
+    handles, activations = _hooks(torch, module, activations or {}, case.arrays, acts, grads)
     try:
         module.zero_grad(set_to_none=True)
         logits = _logits(call(module, inputs))
@@ -170,7 +189,7 @@ def run_torch(module, case_path, out_path=None, *, activations: Mapping[str, str
     meta = {"generator": "numpy_tf.torch_bridge.run_torch", "torch": torch.__version__,
             "module": type(module).__name__, "dtype": case.meta["dtype"], "kind": case.kind,
             "level": case.meta.get("level", "model"), "source_case": str(case_path),
-            "inputs": case.meta.get("inputs", []), "activations": dict(activations or {})}
+            "inputs": case.meta.get("inputs", []), "activations": activations}
     result = Case(meta, arrays)
     if out_path is not None:
         result.save(out_path)
