@@ -37,16 +37,19 @@ from .llama import Llama, LlamaConfig, LlamaDecoderLayer
 from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
                           TransformerEncoder, TransformerEncoderLayer)
 from .seq2seq import Seq2Seq, Seq2SeqConfig
-from .objectives import NextTokenLoss, Seq2SeqLoss, TargetLoss, shifted_targets
+from .bert import Bert, BertConfig, BertEmbeddings, MaskedLMHead
+from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss, TargetLoss, shifted_targets
 from .accounting import Accounting, account, count_parameters, parameter_breakdown
 from .generate import generate, generate_seq2seq, sample_next, sampling_probabilities
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .train import Trainer, TrainingStopped, TrainSettings
 from . import interop
 from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
+from .gguf_tokenizer import GGUFTokenizer, smollm2_chat
+from . import pretrained
 from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, CBOWPairs,
                    ReverseDigits, SlidingWindowDataset, batch_indices, cbow_pairs,
-                   default_corpus, reverse_digits, split_documents, split_stream,
+                   default_corpus, mask_tokens, reverse_digits, split_documents, split_stream,
                    window_count)
 from .cbow import (CBOW, Vocabulary, cbow_backward, cbow_forward, load_cbow, nearest, save_cbow,
                    train_cbow)

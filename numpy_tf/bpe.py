@@ -93,13 +93,16 @@ def merge_ranks(merges: Iterable[Pair]) -> dict[Pair, int]:
     return {tuple(pair): rank for rank, pair in enumerate(merges)}
 
 
-def apply_merges(word: Word, ranks: Mapping[Pair, int], first_id: int) -> Word:
+def apply_merges(word: Word, ranks: Mapping[Pair, int], first_id: int = 0, *,
+                 merged_ids: Mapping[Pair, int] | None = None) -> Word:
     """`word` encoded with learned merges, lowest rank first (see the module docstring);
-    merge r's new id is first_id + r."""
+    merge r's new id is first_id + r, or `merged_ids[pair]` when given (a vocabulary that
+    numbers its tokens otherwise, as GPT-2's)."""
     while len(word) > 1:
         known = [pair for pair in zip(word, word[1:]) if pair in ranks]
         if not known:
             break
         pair = min(known, key=ranks.__getitem__)
-        word = merge_pair(word, pair, first_id + ranks[pair])
+        new_id = merged_ids[pair] if merged_ids is not None else first_id + ranks[pair]
+        word = merge_pair(word, pair, new_id)
     return word

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from .bert import Bert, BertConfig
 from .core import Module
 from .gpt import GPT, GPTConfig
 from .llama import Llama, LlamaConfig
@@ -37,6 +38,7 @@ def register_model(kind: str, config_class: type, model_class: Callable[..., Mod
 register_model("GPT", GPTConfig, GPT)
 register_model("Llama", LlamaConfig, Llama)
 register_model("Seq2Seq", Seq2SeqConfig, Seq2Seq)
+register_model("Bert", BertConfig, Bert)
 
 
 def model_spec(model: Module) -> dict:

@@ -1,6 +1,6 @@
 """Datasets for training: next-token windows of a token stream, held-out splits, mini-batches,
-CBOW pairs, a digit-reversal task for the encoder-decoder, and the corpus that ships with the
-package.
+CBOW pairs, a digit-reversal task for the encoder-decoder, masked-language-model inputs for the
+encoder (`mask_tokens`), and the corpus that ships with the package.
 
 Next-token windows. With N token ids, context L and stride k > 0, window j starts at s = j*k and
 holds
@@ -231,6 +231,63 @@ def reverse_digits(count: int, rng: np.random.Generator, min_length: int = 1,
     target[np.arange(count), lengths] = DIGIT_EOS
     return ReverseDigits(source.astype(np.int64), source_padding_mask, decoder_input, target,
                          target_padding_mask, lengths.astype(np.int64))
+
+
+# --- masked-language-model inputs (BERT) ---------------------------------------------------
+MASK_FRACTION, RANDOM_FRACTION = 0.8, 0.1      # of the chosen tokens; the remaining 0.1 stay
+
+
+def mask_tokens(ids, rng: np.random.Generator, mask_id: int, vocab_size: int,
+                special_ids=(), padding_mask=None, probability: float = 0.15, *,
+                ignore_index: int = IGNORE_INDEX) -> tuple[np.ndarray, np.ndarray]:
+    """BERT's corruption of token ids for the masked-language-model objective: (inputs, labels),
+    both int64 of ids' shape.
+
+    Choosing: every REAL token (not padding, where `padding_mask` is True, and not one of
+    `special_ids`) is chosen on its own with probability `probability` -- a Bernoulli draw per
+    token, as HF's DataCollatorForLanguageModeling does -- so the number chosen is not fixed:
+    it is Binomial(real tokens, probability), about 15 % of them, and a short sequence may get
+    none (its loss is then 0 with a zero gradient).
+    Corrupting, per chosen token: with probability 0.8 the input becomes `mask_id`, with 0.1 a
+    token drawn uniformly from [0, vocab_size) (as in BERT and HF, it may be a special token or
+    the original itself), and with 0.1 it is left as it is.
+    labels: the original id at every chosen position (also where the input was left as it
+    is: the model cannot tell which those are), `ignore_index` (-100) everywhere else.
+
+    The draws, each of ids' shape and in this order -- uniform (chosen?), uniform (which of the
+    three), integers (the random tokens) -- all come from `rng`: one seed, one result."""
+    ids = validate.integer_array("ids", ids)
+    rng = validate.generator("rng", rng)
+    vocab_size = validate.positive_int("vocab_size", vocab_size)
+    validate.ids_in_range("ids", ids, vocab_size)
+    mask_id = validate.integer("mask_id", mask_id)
+    if not 0 <= mask_id < vocab_size:
+        raise ValueError(f"mask_id must be a token id in [0, {vocab_size}); got {mask_id}")
+    if isinstance(special_ids, (set, frozenset)):
+        special_ids = sorted(special_ids)
+    special = validate.token_ids("special_ids", special_ids, size=vocab_size)
+    if padding_mask is not None:
+        if not isinstance(padding_mask, np.ndarray) or padding_mask.dtype != bool:
+            raise TypeError("padding_mask must be a bool numpy array (True at padding); got "
+                            f"{getattr(padding_mask, 'dtype', type(padding_mask).__name__)}")
+        if padding_mask.shape != ids.shape:
+            raise ValueError(f"padding_mask must have the shape of ids {ids.shape}; got "
+                             f"{padding_mask.shape}")
+    probability = validate.number("probability", probability, low=0.0, high=1.0,
+                                  low_open=True)
+    ignore_index = validate.integer("ignore_index", ignore_index)
+
+    eligible = ~np.isin(ids, special)
+    if padding_mask is not None:
+        eligible &= ~padding_mask
+    chosen = (rng.random(ids.shape) < probability) & eligible
+    which = rng.random(ids.shape)                  # [0, 0.8) mask, [0.8, 0.9) random, rest keep
+    random_ids = rng.integers(0, vocab_size, size=ids.shape)
+    masked = chosen & (which < MASK_FRACTION)
+    randomized = chosen & (which >= MASK_FRACTION) & (which < MASK_FRACTION + RANDOM_FRACTION)
+    inputs = np.where(masked, mask_id, np.where(randomized, random_ids, ids)).astype(np.int64)
+    labels = np.where(chosen, ids, ignore_index).astype(np.int64)
+    return inputs, labels
 
 
 def default_corpus() -> str:

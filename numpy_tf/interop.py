@@ -1,8 +1,9 @@
 """Exact converters between numpy_tf models and other projects' layouts.
 
     model = interop.from_hf(config, state_dict, dtype=np.float64)
-        config: a Hugging Face config as a dict (config.to_dict()); state_dict: {HF key: numpy
-        array} in HF layout (GPT-2's Conv1D weights are (in, out))
+        config: a Hugging Face config as a dict (config.to_dict()) of model_type gpt2, llama or
+        bert (BertForMaskedLM); state_dict: {HF key: numpy array} in HF layout (GPT-2's Conv1D
+        weights are (in, out); BERT's query, key and value join into one in_proj_weight)
     params = interop.to_hf(model, config)              # the loaded state_dict, bit for bit
     grads = interop.to_hf(model, config, grads=True)   # {HF key: gradient in HF layout}
 
@@ -13,7 +14,8 @@
     params = interop.to_torch(module, kind, kwargs)    # the loaded state_dict, bit for bit
     grads = interop.to_torch(module, kind, kwargs, grads=True)
 
-Each layout is a table of (numpy_tf name, other name, transposed?) rows; loading checks every
+Each layout is a table of (numpy_tf name, other name, transposed?) rows (numpy_tf.layout; the
+BERT tables are in numpy_tf.interop_bert); loading checks every
 key, shape and config option first and names each problem. Options we do not implement are
 refused, never guessed.
 """
@@ -24,63 +26,17 @@ from typing import Callable, Mapping, NamedTuple
 import numpy as np
 
 from .activations import GELU
+from .bert import Bert
 from .core import Module, float_dtype
 from .gpt import GPT, GPTConfig
+from .interop_bert import bert_buffer, bert_config, bert_layout
+from .layout import Layout
 from .llama import Llama, LlamaConfig
 from .multihead import TorchMultiheadAttention
 from .transformer import Transformer
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                      "gelu": "gelu", "relu": "relu"}
-
-
-class Layout:
-    """Rows (numpy_tf name, their name, transposed?) of one family's weights."""
-
-    def __init__(self, rows: list[tuple[str, str, bool]]):
-        self.rows = rows
-
-    def to_ours(self, state: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray],
-                dtype: np.dtype, optional: set[str], ignored: Callable[[str], bool]
-                ) -> dict[str, np.ndarray]:
-        """Their state_dict as numpy_tf's, after checking every key and shape."""
-        theirs = {their for _, their, _ in self.rows}
-        missing = [their for _, their, _ in self.rows if their not in state
-                   and their not in optional]
-        unexpected = [key for key in state if key not in theirs and not ignored(key)]
-        mismatched, converted = [], {}
-        for ours, their, transpose in self.rows:
-            if their not in state:
-                continue
-            value = state[their]
-            if not isinstance(value, np.ndarray):
-                mismatched.append(f"{their}: expected a numpy array, got {type(value).__name__}")
-                continue
-            value = value.T if transpose else value
-            if value.shape != expected[ours].shape:
-                want = expected[ours].shape[::-1] if transpose else expected[ours].shape
-                mismatched.append(f"{their}: expected shape {want}, got {state[their].shape}")
-                continue
-            converted[ours] = np.ascontiguousarray(value, dtype=dtype)
-        problems = []
-        if missing:
-            problems.append("missing keys: " + ", ".join(missing))
-        if unexpected:
-            hint = " (these look like numpy_tf's own names: load them with " \
-                   "model.load_state_dict)" if any(k in expected for k in unexpected) else ""
-            problems.append("unexpected keys: " + ", ".join(unexpected) + hint)
-        if mismatched:
-            problems.append("mismatched: " + "; ".join(mismatched))
-        if problems:
-            raise ValueError("the state_dict does not fit this config: " + " | ".join(problems))
-        return converted
-
-    def to_theirs(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {}
-        for ours, their, transpose in self.rows:
-            value = arrays[ours]
-            out[their] = np.ascontiguousarray(value.T) if transpose else value
-        return out
 
 
 # -- GPT-2 ------------------------------------------------------------------------------------
@@ -259,6 +215,12 @@ _HF = {
         ties=lambda config: [("output.weight", "tokens.weight")]
         if config.get("tie_word_embeddings", True) else [],
         ignored=_gpt2_buffer),
+    "bert": _Family(
+        build=lambda config, dtype: Bert(bert_config(config), dtype=dtype),
+        layout=lambda config: bert_layout(bert_config(config)),
+        ties=lambda config: [("mlm_head.decoder.weight", "embeddings.word_embeddings.weight")]
+        if bert_config(config).tie_word_embeddings else [],
+        ignored=bert_buffer),
     "llama": _Family(
         build=lambda config, dtype: Llama(llama_config(config), dtype=dtype),
         layout=lambda config: llama_layout(llama_config(config)),

@@ -2,6 +2,9 @@
 finite differences and trained like any Module.
 
     next-token (causal LM):  loss = mean over t of CE(logits[:, t], ids[:, t + 1])
+    masked LM (BERT):        loss = mean over the chosen positions t of
+                             CE(logits[:, t], labels[:, t]), the model reading the corrupted
+                             inputs (every position sees every other: nothing is shifted)
     sequence-to-sequence:    loss = mean over t of CE(logits[:, t], target[:, t]), the decoder
                              reading BOS + target (teacher forcing): logits[:, t] sees
                              target[:, :t] only (the causal mask)
@@ -15,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import validate
 from .core import Module
 from .loss import CrossEntropyCache, cross_entropy_backward, cross_entropy_forward
 
@@ -76,6 +80,24 @@ class TargetLoss(_ModelLoss):
     def forward(self, inputs, targets, **model_kwargs):
         logits, model_cache = self.model.forward(inputs, **model_kwargs)
         return self._loss(logits, model_cache, targets)
+
+
+class MaskedLMLoss(TargetLoss):
+    """forward(inputs, labels, key_padding_mask=None, token_type_ids=None, rng=None) -> (mean
+    cross-entropy of the logits at the positions whose label is not ignore_index, cache) of an
+    encoder with a masked-language-model head (numpy_tf.bert.Bert): `inputs` (B, T) are the ids
+    after masking, `labels` (B, T) the original ids at the chosen positions and -100 elsewhere,
+    as numpy_tf.data.mask_tokens makes them (HF's `labels=` loss of BertForMaskedLM).
+    backward(dloss, cache) runs the model's backward."""
+
+    def forward(self, inputs, labels, **model_kwargs):
+        validate.integer_array("labels", labels)
+        if labels.shape != np.shape(inputs):
+            raise ValueError(f"labels must have the shape of inputs {np.shape(inputs)} (one "
+                             f"label per position, -100 where nothing is asked); got "
+                             f"{labels.shape}")
+        return super().forward(inputs, labels, **model_kwargs)
+
 
 class Seq2SeqLoss(_ModelLoss):
     """forward(src_ids, decoder_input, target, src_key_padding_mask=None,

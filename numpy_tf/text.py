@@ -61,6 +61,30 @@ def pretokenize(text: str) -> list[str]:
     return PRETOKENIZE_PATTERN.findall(text)
 
 
+def special_token_pattern(tokens) -> "re.Pattern | None":
+    """A regex that finds any of `tokens` (None for none), longest first, so that "<mask>" wins
+    over a registered "<m" at the same position: the leftmost, then longest, match."""
+    ordered = sorted(tokens, key=lambda token: (-len(token), token))
+    return re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+
+def split_at_special(text: str, pattern, ids) -> list:
+    """`text` cut at the matches of `pattern` (from special_token_pattern), in order: plain
+    pieces (str, never empty) and the matched tokens' ids ({token: id}) (int)."""
+    if pattern is None:
+        return [text] if text else []
+    pieces: list = []
+    position = 0
+    for match in pattern.finditer(text):
+        if match.start() > position:
+            pieces.append(text[position:match.start()])
+        pieces.append(ids[match.group()])
+        position = match.end()
+    if position < len(text):
+        pieces.append(text[position:])
+    return pieces
+
+
 def _checked_special_tokens(special_tokens) -> tuple[str, ...]:
     if isinstance(special_tokens, str) or not isinstance(special_tokens, (list, tuple)):
         raise TypeError("special_tokens must be a list or tuple of strings (a single string "
@@ -96,9 +120,7 @@ class ByteTokenizer:
     def __init__(self, special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS):
         self.special_tokens = _checked_special_tokens(special_tokens)
         self._special_ids = {token: BYTE_VOCAB + i for i, token in enumerate(self.special_tokens)}
-        # longest first, so that "<mask>" wins over a registered "<m" at the same position
-        ordered = sorted(self.special_tokens, key=lambda token: (-len(token), token))
-        self._special_pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        self._special_pattern = special_token_pattern(self.special_tokens)
         # the bytes each id stands for (BPETokenizer appends one entry per merge)
         self._id_bytes = [bytes([value]) for value in range(BYTE_VOCAB)] + \
             [token.encode("utf-8") for token in self.special_tokens]
@@ -134,18 +156,7 @@ class ByteTokenizer:
     def split_special(self, text: str) -> list:
         """`text` cut at the registered special tokens, in order: plain pieces (str, never
         empty) and special ids (int). "a<mask>b" -> ["a", 259, "b"]."""
-        if self._special_pattern is None:
-            return [text] if text else []
-        pieces: list = []
-        position = 0
-        for match in self._special_pattern.finditer(text):
-            if match.start() > position:
-                pieces.append(text[position:match.start()])
-            pieces.append(self._special_ids[match.group()])
-            position = match.end()
-        if position < len(text):
-            pieces.append(text[position:])
-        return pieces
+        return split_at_special(text, self._special_pattern, self._special_ids)
 
     def encode(self, text: str, add_special: bool = False, parse_special: bool = True):
         """Token ids (N,) int64. `add_special` puts <bos> first and <eos> last (both must be

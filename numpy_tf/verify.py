@@ -18,6 +18,7 @@ import numpy as np
 
 from .activations import GELU, ReLU, SiLU
 from .attention import ScaledDotProductAttention
+from .bert import Bert, BertConfig
 from .cases import Case
 from .cbow import CBOW
 from .core import Module, Parameter
@@ -29,7 +30,7 @@ from .interop import from_hf, to_hf, torch_equivalent
 from .linear import Linear
 from .loss import CrossEntropyLoss, cross_entropy
 from .multihead import MultiHeadAttention
-from .objectives import NextTokenLoss, Seq2SeqLoss
+from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss
 from .optim import SGD, Adam, AdamW, clip_grad_norm
 from .schedule import warmup_cosine
 from .norm import LayerNorm, RMSNorm
@@ -158,16 +159,27 @@ RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckRepor
 }
 
 
-# -- whole language models: logits, the next-token loss and every parameter gradient ----------
-# kind -> (load(case) -> model, names(model, case, grads) -> {case name: array})
+# -- whole language models: logits, the model's loss and every parameter gradient ------------
+# kind -> (load(case) -> model, names(model, case, grads) -> {case name: array}, objective):
+# next-token cases hold input/ids (and key_padding_mask); masked-LM cases also input/labels
+# (and token_type_ids).
 _HUGGING_FACE = (lambda case: from_hf(case.meta["config"], case.section("param"), case.dtype),
                  lambda model, case, grads: to_hf(model, case.meta["config"], grads))
+
+
+def _own_names(model: Module, case: Case, grads: bool) -> dict[str, np.ndarray]:
+    """A torch mirror's case uses numpy_tf's own parameter names."""
+    return model.grad_dict() if grads else model.state_dict()
+
+
 LANGUAGE_MODELS = {
     "tiny_gpt": (lambda case: _loaded(GPT(GPTConfig.tiny(**case.meta["config"]),
-                                          dtype=case.dtype), case),
-                 lambda model, case, grads: model.grad_dict() if grads else model.state_dict()),
-    "hf_gpt2": _HUGGING_FACE,
-    "hf_llama": _HUGGING_FACE,
+                                          dtype=case.dtype), case), _own_names, NextTokenLoss),
+    "hf_gpt2": (*_HUGGING_FACE, NextTokenLoss),
+    "hf_llama": (*_HUGGING_FACE, NextTokenLoss),
+    "bert": (lambda case: _loaded(Bert(BertConfig(**case.meta["config"]), dtype=case.dtype),
+                                  case), _own_names, MaskedLMLoss),
+    "hf_bert": (*_HUGGING_FACE, MaskedLMLoss),
 }
 
 
@@ -177,15 +189,20 @@ def _loaded(model: Module, case: Case) -> Module:
 
 
 def _lm_inputs(case: Case):
-    return case.arrays["input/ids"], case.arrays.get("input/key_padding_mask")
+    """The objective's positional inputs (ids, and labels for masked LM) and keyword inputs."""
+    names = ("ids", "labels") if "input/labels" in case.arrays else ("ids",)
+    kwargs = {"key_padding_mask": case.arrays.get("input/key_padding_mask")}
+    if "input/token_type_ids" in case.arrays:
+        kwargs["token_type_ids"] = case.arrays["input/token_type_ids"]
+    return tuple(case.arrays[f"input/{name}"] for name in names), kwargs
 
 
 def run_language_model(case: Case) -> dict[str, np.ndarray]:
-    load, names = LANGUAGE_MODELS[case.kind]
+    load, names, objective_class = LANGUAGE_MODELS[case.kind]
     model = load(case)
-    objective = NextTokenLoss(model)
-    ids, padding = _lm_inputs(case)
-    loss, cache = objective.forward(ids, padding)
+    objective = objective_class(model)
+    args, kwargs = _lm_inputs(case)
+    loss, cache = objective.forward(*args, **kwargs)
     model.zero_grad()
     objective.backward(1.0, cache)
     produced = {"output/logits": cache.logits, "loss": loss}
@@ -195,10 +212,10 @@ def run_language_model(case: Case) -> dict[str, np.ndarray]:
 
 def gradcheck_language_model(case: Case) -> GradcheckReport:
     """Random directions over every parameter at once (two forwards per direction)."""
-    ids, padding = _lm_inputs(case)
-    objective = NextTokenLoss(LANGUAGE_MODELS[case.kind][0](case))
-    return gradcheck_module(objective, ids, fast=True, title=case.kind,
-                            forward_kwargs={"key_padding_mask": padding})
+    load, _, objective_class = LANGUAGE_MODELS[case.kind]
+    args, kwargs = _lm_inputs(case)
+    return gradcheck_module(objective_class(load(case)), *args, fast=True, title=case.kind,
+                            forward_kwargs=kwargs)
 
 
 for _kind in LANGUAGE_MODELS:

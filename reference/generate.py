@@ -16,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import attention  # noqa: E402
+import bert  # noqa: E402
 import cbow  # noqa: E402
 import feedforward  # noqa: E402
 import gpt  # noqa: E402
@@ -28,7 +29,7 @@ import rope  # noqa: E402
 import transformer  # noqa: E402
 
 FAMILIES = [layers, norm, positions, rope, attention, feedforward, optim, gpt, cbow, llama,
-            transformer]
+            transformer, bert]
 
 
 def main(argv=None) -> int:

