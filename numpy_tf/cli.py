@@ -6,6 +6,18 @@
         train a model (by default the tiny GPT on the text that ships with numpy_tf)
     numpy-tf sample CHECKPOINT --prompt TEXT [--tokens N] [--temperature T] ...
         continue a prompt with a trained checkpoint
+    numpy-tf export --model MODEL [--config NAME|FILE|JSON] [--set KEY=VALUE] -o CASE.npz
+        one case file: inputs, parameters, every activation, outputs, loss, every gradient
+    numpy-tf compare REFERENCE.npz THEIRS.npz [--json]
+        tensor by tensor, and the first tensor in forward order that diverges
+    numpy-tf grade SUBMISSION.py [--json]
+        a student's forward/backward functions against numpy_tf's, with points
+    numpy-tf assignment LAYER... -o HOMEWORK.py
+        a skeleton: forwards complete, backwards to write
+    numpy-tf explain LAYER [--side-by-side]
+        a layer's cache, forward and backward (with its derivation) from the source
+    numpy-tf gradcheck LAYER [--shape 2,3,4] [--dtype float64] [--case N]
+        finite differences of one layer, one row per tensor
     numpy-tf params --config FILE_OR_NAME [--json]
         the exact parameter count of a config, per component, without building the model
 """
@@ -241,6 +253,186 @@ def sample(args) -> int:
     return 0
 
 
+# -- tools for cross-validators, teachers and students -------------------------------------------
+def _emit(args, passed: bool, data: dict, text: str) -> int:
+    """Print `data` as JSON (--json) or `text`; exit status 0 if it passed, else 1."""
+    print(json.dumps(data, indent=1) if args.json else text)
+    return 0 if passed else 1
+
+
+def _config_fields(spec: str | None) -> str | dict | None:
+    """--config: a preset name, a JSON file, or inline JSON."""
+    if spec is None or not (spec.lstrip().startswith("{") or Path(spec).is_file()):
+        return spec
+    try:
+        fields = json.loads(spec if spec.lstrip().startswith("{") else Path(spec).read_text())
+    except json.JSONDecodeError as error:
+        raise UserError(f"--config {spec}: not valid JSON ({error})") from None
+    if not isinstance(fields, dict):
+        raise UserError(f"--config {spec}: expected a JSON object of config fields")
+    return fields
+
+
+def _overrides(pairs: list[str]) -> dict:
+    """--set KEY=VALUE ..., each VALUE read as JSON when it parses (2, true, 1e-6), else text."""
+    fields = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise UserError(f"--set expects KEY=VALUE; got {pair!r}")
+        try:
+            fields[key] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[key] = value
+    return fields
+
+
+def export(args) -> int:
+    from .export import export_case
+
+    try:
+        case = export_case(args.model, _config_fields(args.config), _overrides(args.set),
+                           seed=args.seed, dtype=args.dtype, batch=args.batch,
+                           length=args.length, pad=args.pad)
+    except (TypeError, ValueError) as error:
+        raise UserError(str(error)) from None
+    case.save(args.out)
+    inputs = ", ".join(f"{name} {value.shape}" for name, value in case.section("input").items())
+    print(f"wrote {args.out}: {args.model} ({case.meta['dtype']}, seed {args.seed}), "
+          f"{len(case.section('param'))} parameter tensors, inputs {inputs}, "
+          f"{len(case.section('act'))} activations and their gradients, "
+          f"loss {float(case.arrays['loss']):.6g}")
+    return 0
+
+
+def compare(args) -> int:
+    from .compare import compare_files
+
+    try:
+        result = compare_files(args.reference, args.theirs, args.level)
+    except (OSError, ValueError) as error:
+        raise UserError(str(error)) from None
+    return _emit(args, result.passed, result.to_dict(), str(result))
+
+
+def grade(args) -> int:
+    from .grading import grade as grade_file
+
+    try:
+        report = grade_file(args.submission)
+    except (OSError, ValueError) as error:
+        raise UserError(str(error)) from None
+    return _emit(args, report.passed, report.to_dict(), str(report))
+
+
+def assignment(args) -> int:
+    from .assignment import assignment as skeleton
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UserError(f"{out} exists; choose another -o or pass --force to overwrite it")
+    try:
+        text = skeleton(args.layers, filename=out.name)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out}: write the backward of {', '.join(args.layers)}; then run "
+          f"`numpy-tf grade {out}`")
+    return 0
+
+
+def explain(args) -> int:
+    from .explain import explain as explain_layer
+
+    try:
+        print(explain_layer(args.layer, args.side_by_side, args.width))
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    return 0
+
+
+def gradcheck(args) -> int:
+    from .layers_registry import gradcheck_layer
+
+    try:
+        report, problems = gradcheck_layer(args.layer, args.shape, args.dtype, args.case,
+                                           args.seed)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    kept = f"dtype: {args.dtype} in -> " + ("; ".join(problems) if problems else
+                                             f"{args.dtype} output and gradients")
+    return _emit(args, report.passed and not problems,
+                 {**report.to_dict(), "dtype": args.dtype, "dtype_problems": problems},
+                 f"{report}\n{kept}")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(size) for size in text.replace("x", ",").split(",") if size.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes like 2,3,4; got {text!r}") from None
+
+
+def _tool_parsers(commands) -> None:
+    p = commands.add_parser("export", help="write one case file of a whole model: inputs, "
+                            "parameters, activations, outputs, loss, every gradient")
+    p.add_argument("--model", required=True, help="tiny-gpt, gpt2, llama or transformer")
+    p.add_argument("--config", help="a preset (tiny-gpt: tiny; gpt2: gpt2-tiny, gpt2-124m; "
+                   "llama: llama-tiny, smollm2-135m; transformer: digits), a JSON file or inline "
+                   "JSON of config fields (default: the model's first preset)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config field (repeatable), e.g. --set layers=1")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--length", type=int, default=None, help="tokens per row (default 7; the "
+                   "transformer's longest digit string, default 5)")
+    p.add_argument("--pad", type=int, default=0, help="padded positions at the end of the "
+                   "last row (adds a key_padding_mask input)")
+    p.add_argument("-o", "--out", required=True, help="the case file to write")
+    p.set_defaults(run=export)
+
+    p = commands.add_parser("compare", help="compare two case files; name the first "
+                            "tensor in forward order that diverges")
+    p.add_argument("reference")
+    p.add_argument("theirs")
+    p.add_argument("--level", choices=("layer", "model"), default=None,
+                   help="tolerance level (default: the reference's meta, else model)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=compare)
+
+    p = commands.add_parser("grade", help="grade a student's numpy_tf functions")
+    p.add_argument("submission")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=grade)
+
+    p = commands.add_parser("assignment", help="write a homework skeleton for some layers")
+    p.add_argument("layers", nargs="+", metavar="LAYER")
+    p.add_argument("-o", "--out", required=True)
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(run=assignment)
+
+    p = commands.add_parser("explain", help="print a layer's forward and backward source "
+                            "with the derivation")
+    p.add_argument("layer")
+    p.add_argument("--side-by-side", action="store_true", help="forward left, backward right")
+    p.add_argument("--width", type=int, default=None, help="columns (default: the terminal)")
+    p.set_defaults(run=explain)
+
+    p = commands.add_parser("gradcheck", help="finite differences of one layer")
+    p.add_argument("layer")
+    p.add_argument("--shape", type=_shape, default=None, help="the main input's shape, "
+                   "e.g. 2,3,4 (default: the case's)")
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                   help="the inputs' dtype; the check itself runs in float64, and float32 "
+                        "also checks that float32 stays float32")
+    p.add_argument("--case", type=int, default=0, help="which edge case of the layer "
+                   "(its options; default 0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=gradcheck)
+
+
 # -- params -----------------------------------------------------------------------------------
 def params(args) -> int:
     from .accounting import account
@@ -312,6 +504,7 @@ def main(argv=None) -> int:
                                     "llama-2-7b, bert-base-uncased, tiny-gpt")
     params_parser.add_argument("--json", action="store_true", help="machine-readable output")
     params_parser.set_defaults(run=params)
+    _tool_parsers(commands)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -252,13 +252,16 @@ class Recorder:
     """What record_activations collects: for every named module (not the root) its forward
     output (`activations`) and the gradient its backward was given (`gradients`, the gradient
     of the loss with respect to that output), keyed by the module's name, in call order. A
-    module called twice in one pass gets `name#2` for its second call."""
+    module called twice in one pass gets `name#2` for its second call; a backward gets the key
+    of the forward it undoes (the last one not yet undone: backward runs in exact reverse), so
+    gradients[key] is always the gradient of activations[key]."""
 
     def __init__(self, model: "Module"):
         self.names = {id(module): name for name, module in model.named_modules() if name}
         self.activations: dict[str, np.ndarray] = {}
         self.gradients: dict[str, np.ndarray] = {}
         self._last: dict[tuple, object] = {}
+        self._open: dict[int, list[str]] = {}      # per module, forward keys not yet undone
 
     def record(self, kind: str, module: "Module", value) -> None:
         name = self.names.get(id(module))
@@ -268,10 +271,16 @@ class Recorder:
             return                          # the same call seen again (a super().forward)
         self._last[(kind, id(module))] = value
         store = self.activations if kind == "forward" else self.gradients
+        open_keys = self._open.setdefault(id(module), [])
+        if kind == "backward" and open_keys:
+            store[open_keys.pop()] = value.copy()
+            return
         key, count = name, 1
         while key in store:
             count += 1
             key = f"{name}#{count}"
+        if kind == "forward":
+            open_keys.append(key)
         store[key] = value.copy()
 
 

@@ -157,3 +157,25 @@ def test_record_activations_names_outputs_and_their_gradients_in_call_order():
     # outside the context nothing is recorded
     model.blocks[0].forward(x)
     assert len(recorder.activations) == 4
+
+
+def test_record_activations_pairs_each_backward_with_its_forward():
+    """A module called twice: its second forward is `name#2`, and the backward that undoes it
+    (the first to run, backward being the exact reverse) is recorded under `name#2` too."""
+    from numpy_tf.core import record_activations
+
+    model = Tied()
+    layer = model.blocks[0][0]                      # Linear(3, 6): used on x, then on x + 1
+    x = np.random.default_rng(1).standard_normal((2, 3))
+    with record_activations(model) as recorder:
+        first, first_cache = layer.forward(x)
+        second, second_cache = layer.forward(x + 1.0)
+        g_first, g_second = (np.random.default_rng(seed).standard_normal((2, 6))
+                             for seed in (2, 3))
+        layer.backward(g_second, second_cache)
+        layer.backward(g_first, first_cache)
+    assert list(recorder.activations) == ["blocks.0.0", "blocks.0.0#2"]
+    assert list(recorder.gradients) == ["blocks.0.0#2", "blocks.0.0"]
+    np.testing.assert_array_equal(recorder.activations["blocks.0.0#2"], second)
+    np.testing.assert_array_equal(recorder.gradients["blocks.0.0#2"], g_second)
+    np.testing.assert_array_equal(recorder.gradients["blocks.0.0"], g_first)

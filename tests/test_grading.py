@@ -1,0 +1,251 @@
+"""numpy-tf assignment and numpy-tf grade: the skeleton fails, the skeleton with numpy_tf's own
+backward passes, and every way a submission can break is reported per function."""
+import ast
+import inspect
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import numpy_tf.norm
+from numpy_tf.assignment import assignment
+from numpy_tf.cli import main
+from numpy_tf.grading import grade
+from numpy_tf.layers_registry import LAYERS
+
+
+def solved(skeleton: str) -> str:
+    """The skeleton with every backward stub replaced by numpy_tf's own backward."""
+    lines = skeleton.splitlines()
+    stubs = [node for node in ast.parse(skeleton).body if isinstance(node, ast.FunctionDef)
+             and node.name.endswith("_backward")
+             and "NotImplementedError" in ast.get_source_segment(skeleton, node)]
+    for node in sorted(stubs, key=lambda node: -node.lineno):
+        source = inspect.getsource(LAYERS[node.name[:-len("_backward")]].backward)
+        lines[node.lineno - 1:node.end_lineno] = source.splitlines()
+    return "\n".join(lines) + "\n"
+
+
+def write(tmp_path, text: str, name: str = "submission.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_the_skeleton_fails_and_the_solved_skeleton_passes_for_every_layer(tmp_path):
+    skeleton = assignment(list(LAYERS), "homework.py")
+    assert skeleton.count("raise NotImplementedError") == len(LAYERS)
+    report = grade(write(tmp_path, skeleton, "homework.py"))
+    backwards = [f for f in report.functions if f.function.endswith("_backward")]
+    forwards = [f for f in report.functions if f.function.endswith("_forward")]
+    assert len(backwards) == len(forwards) == len(LAYERS)
+    assert all(not f.passed and f.points == 0 and "NotImplementedError" in f.first_failure
+               for f in backwards)
+    assert all(f.passed for f in forwards)            # the forwards are numpy_tf's own
+    report = grade(write(tmp_path, solved(skeleton), "solved.py"))
+    assert report.passed, str(report)
+    total = report.to_dict()
+    assert total["points"] == total["possible"] == sum(
+        2 * (len(spec.cases) + 1) for spec in LAYERS.values())
+
+
+def test_the_skeleton_reads_as_homework():
+    skeleton = assignment(["layernorm", "swiglu"], "hw.py")
+    assert "numpy-tf grade hw.py" in skeleton
+    tree = ast.parse(skeleton)
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    assert {"LayerNormCache", "SwiGLUCache"} <= classes
+    assert {"layernorm_forward", "swiglu_forward", "_leading_axes"} <= set(functions)
+    stub = ast.get_docstring(functions["layernorm_backward"])
+    assert "inv_std = (var + eps)^(-1/2)" in stub and "Return (dx, dweight, dbias)" in stub
+    assert "closed form" not in stub and "x_hat_j mean(g * x_hat)" not in stub  # no derivation
+    assert "from numpy_tf.feedforward import GateCache, swiglu_gate_backward" in skeleton
+    assert "from numpy_tf.linear import LinearCache, linear_backward, linear_forward" in skeleton
+    with pytest.raises(ValueError, match="unknown layer 'conv'"):
+        assignment(["conv"])
+
+
+def test_a_correct_derivation_of_another_shape_passes(tmp_path):
+    """The step-by-step LayerNorm backward (through dvar and dmean) is not numpy_tf's closed
+    form, and is right: it passes, rows of near-zero variance included."""
+    path = write(tmp_path, '''
+import numpy as np
+
+def layernorm_backward(dout, cache):
+    x_hat, inv_std, weight, has_bias = cache
+    C = x_hat.shape[-1]
+    g = dout * weight if weight is not None else dout
+    centered = x_hat / inv_std
+    dvar = np.sum(g * centered, axis=-1, keepdims=True) * -0.5 * inv_std ** 3
+    dmean = -np.sum(g * inv_std, axis=-1, keepdims=True)
+    dx = g * inv_std + dvar * 2.0 * centered / C + dmean / C
+    lead = tuple(range(dout.ndim - 1))
+    return (dx, np.sum(dout * x_hat, axis=lead) if weight is not None else None,
+            dout.sum(axis=lead) if has_bias else None)
+''')
+    report = grade(path)
+    assert [f.function for f in report.functions] == ["layernorm_backward"]
+    assert report.passed, str(report)
+    assert all(case.fd_norm_rel_error < 1e-6 for case in report.functions[0].cases
+               if case.fd_norm_rel_error is not None)
+
+
+def test_each_way_of_breaking_is_reported_per_function(tmp_path):
+    path = write(tmp_path, '''
+import numpy as np
+print("debugging output the grader must swallow")
+
+def linear_backward(dout, cache):                   # forgets to sum the bias over rows
+    x, weight, has_bias = cache
+    dx = dout @ weight
+    dweight = dout.reshape(-1, dout.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+    return dx, dweight, dout if has_bias else None
+
+def relu_backward(dout, cache):                     # float64 whatever came in
+    return (dout * cache.positive).astype(np.float64)
+
+def gelu_backward(dout, cache):
+    return dout * np.nan
+
+def silu_backward(dout, cache):
+    raise ZeroDivisionError("oops")
+
+def softmax_backward(dout, cache):                  # a tuple where numpy_tf returns one array
+    return (dout,)
+
+def log_softmax_backward(dout, cache):              # changes its input
+    dout -= cache.probs * dout.sum(axis=cache.axis, keepdims=True)
+    return dout.copy()
+
+def rmsnorm_backward(dout, cache):                  # misses the weight's factor in dx
+    x_hat, inv_rms, weight = cache
+    dx = dout - x_hat * np.mean(dout * x_hat, axis=-1, keepdims=True)
+    dweight = np.sum(dout * x_hat, axis=tuple(range(dout.ndim - 1))) if weight is not None else None
+    return dx * inv_rms, dweight
+''')
+    report = grade(path)
+    results = {f.function: f for f in report.functions}
+    assert not report.passed and not any(f.passed for f in results.values())
+    assert "dbias has shape (2, 3, 5); expected (5,)" in results["linear_backward"].first_failure
+    assert "dx has dtype float64; expected float32" in results["relu_backward"].first_failure
+    assert results["relu_backward"].points == 3                # the float64 cases pass
+    assert "dx is nan at (0, 0, 0)" in results["gelu_backward"].first_failure
+    assert "ZeroDivisionError: oops (line 18)" in results["silu_backward"].first_failure
+    assert "must return 1 values; got" not in results["softmax_backward"].first_failure
+    assert "must be a numpy array; got tuple" in results["softmax_backward"].first_failure
+    assert "changed dout in place" in results["log_softmax_backward"].first_failure
+    rms = results["rmsnorm_backward"]
+    assert "no weight" in [c.case for c in rms.cases if c.passed][0]   # right without weight
+    assert "dx differs from numpy_tf's" in rms.first_failure
+
+
+def test_a_gradient_off_by_a_tenth_of_a_percent_fails(tmp_path):
+    path = write(tmp_path, '''
+from numpy_tf.activations import gelu_backward as reference
+
+def gelu_backward(dout, cache):
+    return reference(dout, cache) * 1.001
+''')
+    failure = grade(path).functions[0].cases[0]
+    assert not failure.passed and "dx differs from numpy_tf's by" in failure.message
+
+
+def test_finite_differences_catch_what_the_reference_would_miss(tmp_path, monkeypatch):
+    """Were numpy_tf's own backward wrong (the exact-GELU derivative applied to the tanh
+    variant, numpy-ml's mistake), a submission copying it would agree with it, and finite
+    differences of the forward would still fail it."""
+    from numpy_tf import grading
+    from numpy_tf.activations import gelu_backward, gelu_forward
+
+    def wrong(dout, cache):
+        return gelu_backward(dout, gelu_forward(cache.x, "none")[1])
+
+    spec, forward, _ = grading._REFERENCE["gelu"]
+    monkeypatch.setitem(grading._REFERENCE, "gelu", (spec, forward, wrong))
+    path = write(tmp_path, '''
+from numpy_tf.activations import gelu_backward as exact_backward, gelu_forward
+
+def gelu_backward(dout, cache):
+    return exact_backward(dout, gelu_forward(cache.x, "none")[1])
+''')
+    cases = {(case.case, case.dtype): case for case in grade(path).functions[0].cases}
+    assert cases["exact (erf)", "float64"].passed        # there the two derivatives agree
+    tanh = cases["tanh approximation", "float64"]
+    assert not tanh.passed and tanh.message.startswith("finite differences of numpy_tf's "
+                                                       "forward disagree for x")
+
+
+def test_a_syntax_error_fails_every_function_with_one_message(tmp_path):
+    path = write(tmp_path, "import numpy as np\n\ndef layernorm_backward(dout, cache):\n"
+                           "    return dout +\n\ndef gelu_forward(x, approximate='none'):\n"
+                           "    return x\n")
+    report = grade(path)
+    assert [f.function for f in report.functions] == ["layernorm_backward", "gelu_forward"]
+    messages = {f.error for f in report.functions}
+    assert len(messages) == 1 and messages.pop().startswith("SyntaxError: invalid syntax "
+                                                            "(line 4)")
+    assert report.to_dict()["points"] == 0
+    crash = write(tmp_path, "raise RuntimeError('at import')\n", "crash.py")
+    report = grade(crash)
+    assert report.functions[0].error == "RuntimeError: at import (line 1)"
+
+
+def test_only_functions_the_file_defines_are_graded(tmp_path):
+    path = write(tmp_path, "from numpy_tf.norm import layernorm_backward\n")
+    with pytest.raises(ValueError, match="defines none of numpy_tf's layer functions"):
+        grade(path)
+    with pytest.raises(FileNotFoundError, match="no such submission file"):
+        grade(tmp_path / "missing.py")
+
+
+def test_a_submission_cannot_change_the_reference(tmp_path):
+    saved = numpy_tf.norm.layernorm_backward, dict(LAYERS)
+    path = write(tmp_path, '''
+import numpy as np
+import numpy_tf.norm
+import numpy_tf.layers_registry
+
+def layernorm_backward(dout, cache):
+    return np.zeros_like(dout), None, None
+
+numpy_tf.norm.layernorm_backward = layernorm_backward
+numpy_tf.layers_registry.LAYERS.clear()
+''')
+    try:
+        report = grade(path)
+    finally:
+        numpy_tf.norm.layernorm_backward = saved[0]
+        LAYERS.update(saved[1])
+    assert not report.passed and report.functions[0].points == 0
+
+
+def test_grade_and_assignment_commands(tmp_path, capsys):
+    homework = tmp_path / "homework.py"
+    assert main(["assignment", "gelu", "softmax", "-o", str(homework)]) == 0
+    assert f"numpy-tf grade {homework}" in capsys.readouterr().out
+    assert main(["assignment", "gelu", "-o", str(homework)]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert main(["assignment", "conv", "-o", str(tmp_path / "x.py")]) == 2
+    assert "unknown layer 'conv'" in capsys.readouterr().err
+    assert main(["grade", str(homework)]) == 1
+    out = capsys.readouterr().out
+    assert "gelu_backward" in out and "FAIL: exact (erf) (float64): NotImplementedError" in out
+    assert "debugging" not in out
+    homework.write_text(solved(homework.read_text()))
+    assert main(["grade", str(homework), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] and data["points"] == data["possible"] == 2 * (6 + 5)
+    assert main(["grade", str(tmp_path / "missing.py")]) == 2
+    assert "no such submission file" in capsys.readouterr().err
+    assert "numpy_tf_submission" not in " ".join(sys.modules)
+
+
+def test_report_text_and_json_agree(tmp_path):
+    path = write(tmp_path, "def relu_backward(dout, cache):\n    return dout * cache.positive\n")
+    report = grade(path)
+    text, data = str(report), report.to_dict()
+    assert report.passed and "relu_backward" in text and "4/4 points" in text
+    assert data["functions"][0]["cases"][0]["fd_norm_rel_error"] < 1e-8
+    assert np.isfinite(json.loads(json.dumps(data))["points"])
