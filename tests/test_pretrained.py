@@ -408,3 +408,25 @@ def test_smollm2_equals_transformers_gguf_loading_bit_for_bit(smollm2, smollm2_g
         theirs = tensors[key].numpy()
         assert theirs.dtype == value.dtype and theirs.shape == value.shape, key
         assert theirs.tobytes() == value.tobytes(), key
+
+
+def test_generate_command_continues_with_paris(smollm2_gguf_path, capsys, tmp_path):
+    from numpy_tf.cli import main
+    assert main(["generate", "--model", "smollm2", "--prompt", "The capital of France is",
+                 "--tokens", "3", "--attention", "1:2",
+                 "--save-attention", str(tmp_path / "a.npy")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("The capital of France is Paris")
+    assert "layer 1, head 2" in captured.out and "tokens/s" in captured.err
+    saved = np.load(tmp_path / "a.npy", allow_pickle=False)
+    assert saved.shape == (9, 8, 8)
+    np.testing.assert_allclose(saved.sum(axis=-1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(np.triu(saved, 1), 0.0)              # causal
+
+
+def test_generate_command_errors(capsys):
+    from numpy_tf.cli import main
+    assert main(["generate", "--prompt", "x", "--attention", "two"]) == 2
+    assert "--attention must be LAYER or LAYER:HEAD" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--top-p", "2"]) == 2
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err
