@@ -110,8 +110,12 @@ def masked_softmax(scores: np.ndarray) -> np.ndarray:
 
 
 def _grouped(x: np.ndarray, groups: int) -> np.ndarray:
-    """(B, H, T, w) -> (B, G, r T, w): the r heads of each group stacked along the T axis."""
+    """(B, H, T, w) -> (B, G, r T, w): the r heads of each group stacked along the T axis.
+    With one head per group (r = 1) that is x itself, strided or not: matmul reads the heads
+    of a fused projection in place, so nothing is copied."""
     batch, heads, length, width = x.shape
+    if heads == groups:
+        return x
     return np.ascontiguousarray(x).reshape(batch, groups, (heads // groups) * length, width)
 
 
@@ -142,9 +146,8 @@ def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=Non
     blocked, bias = attention_masks((batch, heads, tq, tk), q.dtype, attn_mask,
                                     key_padding_mask, is_causal, causal_offset)
 
-    scores = _grouped(q, groups) @ k.swapaxes(-1, -2)                   # (B, G, r Tq, Tk)
+    scores = _grouped(q * scale, groups) @ k.swapaxes(-1, -2)           # (B, G, r Tq, Tk)
     scores = scores.reshape(batch, heads, tq, tk)                       # (B, H, Tq, Tk)
-    scores *= scale
     if bias is not None:
         scores += bias
     if blocked is not None:
@@ -174,9 +177,12 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache):
            dS_ik = P_ik (dP_ik - sum_j dP_ij P_ij)
        Blocked entries have P = 0, so their dS is 0; a fully blocked row has P = 0 throughout
        and its gradients are all 0 (no NaN: S = -inf never enters the arithmetic).
+       The row sums sum_j dP_ij P_ij are one pass of einsum (no (Tq, Tk) temporary).
     3. S = s q k^T:
            dq = s dS k                                (B, H, Tq, d)
            dk = s dS^T q                              summed over the r heads of a group
+       The scale s multiplies the small products (Tq or Tk by d), not dS (Tq by Tk); the
+       forward likewise scales q before q k^T.
     Cached: q, k, v and P (the probabilities are also what a student looks at) and the
     dropout mask; nothing else is needed. Returns (dq, dk, dv).
     """
@@ -190,12 +196,13 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache):
     if mask is not None:
         dprobs *= mask
     dscores = dprobs
-    dscores -= (dprobs * probs).sum(axis=-1, keepdims=True)
+    dscores -= np.einsum("bhij,bhij->bhi", dprobs, probs)[..., None]   # sum_j dP_ij P_ij
     dscores *= probs                                                    # dS (B, H, Tq, Tk)
-    dscores *= scale
     dscores_grouped = _grouped(dscores, groups)                         # (B, G, r Tq, Tk)
     dq = (dscores_grouped @ k).reshape(batch, heads, tq, width)         # (B, H, Tq, d)
+    dq *= scale
     dk = dscores_grouped.swapaxes(-1, -2) @ _grouped(q, groups)         # (B, G, Tk, d)
+    dk *= scale
     return dq, dk, dv
 
 
