@@ -24,6 +24,7 @@ and the backward's products sum the r heads' contributions to dk and dv by thems
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -46,6 +47,15 @@ class AttentionCache(NamedTuple):
 def causal_mask(query_length: int, key_length: int, offset: int = 0) -> np.ndarray:
     """(Tq, Tk) bool, True where key j is in the future of query i: j > i + offset."""
     return np.triu(np.ones((query_length, key_length), dtype=bool), k=offset + 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_causal_mask(query_length: int, key_length: int, offset: int) -> np.ndarray:
+    """causal_mask, built once per shape and kept read-only (every layer of every step asks
+    for the same one)."""
+    mask = causal_mask(query_length, key_length, offset)
+    mask.flags.writeable = False
+    return mask
 
 
 def _check_mask(name: str, mask, shape: tuple, dtype: np.dtype) -> None:
@@ -85,7 +95,7 @@ def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_m
     if is_causal:
         if causal_offset < 0:
             raise ValueError(f"causal_offset must be >= 0; got {causal_offset}")
-        blocked.append(causal_mask(tq, tk, causal_offset))
+        blocked.append(_shared_causal_mask(tq, tk, causal_offset))
     combined_blocked = None
     for mask in blocked:
         combined_blocked = mask if combined_blocked is None else combined_blocked | mask

@@ -59,6 +59,12 @@ def _leading_axes(array: np.ndarray) -> tuple[int, ...]:
     return tuple(range(array.ndim - 1))
 
 
+def _row_mean(a: np.ndarray) -> np.ndarray:
+    """mean over the last axis, (..., C) -> (..., 1): the sum divided by C, which is what
+    a.mean computes, without its Python-level wrapper (it counts at the tiny sizes)."""
+    return a.sum(axis=-1, keepdims=True) / a.shape[-1]
+
+
 def _row_mean_of_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """mean over the last axis of a * b, (..., C) -> (..., 1), in one pass (einsum forms no
     (..., C) temporary)."""
@@ -83,7 +89,7 @@ def layernorm_forward(x: np.ndarray, weight: np.ndarray | None = None,
     """out = weight * x_hat + bias, x_hat = (x - mean) / sqrt(var + eps), over the last axis,
     biased variance, as torch.nn.functional.layer_norm. x (..., C) -> out (..., C)."""
     eps = _check_row_input(x, weight, bias, eps)
-    mean = x.mean(axis=-1, keepdims=True)                           # (..., 1)
+    mean = _row_mean(x)                                             # (..., 1)
     centered = x - mean                                             # (..., C)
     var = _row_mean_of_product(centered, centered)                  # (..., 1) divides by C
     inv_std = 1.0 / np.sqrt(var + eps)                              # (..., 1)
@@ -131,7 +137,7 @@ def layernorm_backward(dout: np.ndarray, cache: LayerNormCache):
     """
     x_hat, inv_std, weight, has_bias = cache
     g = dout * weight if weight is not None else dout                        # (..., C)
-    dx = g - g.mean(axis=-1, keepdims=True)                                  # (..., C)
+    dx = g - _row_mean(g)                                                    # (..., C)
     dx -= x_hat * _row_mean_of_product(g, x_hat)
     dx *= inv_std
     dweight = _sum_over_positions(dout, x_hat) if weight is not None else None  # (C,)
