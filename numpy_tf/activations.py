@@ -47,9 +47,7 @@ def relu_backward(dout: np.ndarray, cache: ReLUCache) -> np.ndarray:
 
 # -- GELU -------------------------------------------------------------------------------------
 class GELUCache(NamedTuple):
-    x: np.ndarray               # (...) the input
-    phi: np.ndarray             # (...) Phi(x) for "none"; tanh(u) for "tanh"
-    approximate: str
+    slope: np.ndarray           # (...) dy/dx at the input: all that backward needs (see there)
 
 
 def gelu_forward(x: np.ndarray, approximate: str = "none"):
@@ -57,9 +55,9 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
     validate.float_array("x", x)
     validate.choice("approximate", approximate, GELU_APPROXIMATIONS)
     if approximate == "none":
-        phi = erfc(x * -_SQRT_HALF)
-        phi *= 0.5                                   # Phi(x), the standard normal CDF
-        return x * phi, GELUCache(x, phi, approximate)
+        cdf = erfc(x * -_SQRT_HALF)
+        cdf *= 0.5                                   # Phi(x), the standard normal CDF
+        return x * cdf, GELUCache(_gelu_slope(x, cdf, approximate))
     u = x * x
     u *= x
     u *= _TANH_CUBIC
@@ -68,7 +66,33 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
     t = np.tanh(u, out=u)
     out = t + 1.0
     out *= x * 0.5                                   # torch's order: 0.5 x (1 + t)
-    return out, GELUCache(x, t, approximate)
+    return out, GELUCache(_gelu_slope(x, t, approximate))
+
+
+def _gelu_slope(x: np.ndarray, cdf_or_t: np.ndarray, approximate: str) -> np.ndarray:
+    """dy/dx of the variant, from x and the forward's Phi(x) (or t): the formulas derived in
+    gelu_backward's docstring."""
+    if approximate == "none":
+        slope = x * x
+        slope *= -0.5
+        np.exp(slope, out=slope)
+        slope *= _INV_SQRT_2PI
+        slope *= x
+        slope += cdf_or_t                            # Phi(x) + x phi(x)
+        return slope
+    t = cdf_or_t
+    du_dx = x * x
+    du_dx *= 3.0 * _TANH_CUBIC
+    du_dx += 1.0
+    du_dx *= _SQRT_2_OVER_PI
+    slope = t * t
+    np.subtract(1.0, slope, out=slope)
+    slope *= du_dx
+    slope *= x
+    slope += t
+    slope += 1.0
+    slope *= 0.5
+    return slope
 
 
 def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
@@ -82,31 +106,12 @@ def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
         c = 0.044715. With dt/du = 1 - t^2 and du/dx = sqrt(2/pi) (1 + 3 c x^2):
         dy/dx = (1 + t) / 2 + x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2) / 2.
 
-    Cached: x, and Phi(x) (or t) from the forward, so backward needs no second erf.
+    Then dx = dout dy/dx, elementwise.
+
+    Cached: dy/dx itself, computed in the forward by _gelu_slope while Phi(x) (or t) is at
+    hand: no second erf, and one array kept instead of two (x and Phi(x)).
     """
-    x, phi, approximate = cache
-    if approximate == "none":
-        slope = x * x
-        slope *= -0.5
-        np.exp(slope, out=slope)
-        slope *= _INV_SQRT_2PI
-        slope *= x
-        slope += phi                                 # Phi(x) + x phi(x)
-    else:
-        t = phi
-        du_dx = x * x
-        du_dx *= 3.0 * _TANH_CUBIC
-        du_dx += 1.0
-        du_dx *= _SQRT_2_OVER_PI
-        slope = t * t
-        np.subtract(1.0, slope, out=slope)
-        slope *= du_dx
-        slope *= x
-        slope += t
-        slope += 1.0
-        slope *= 0.5
-    slope *= dout
-    return slope
+    return dout * cache.slope
 
 
 # -- SiLU -------------------------------------------------------------------------------------
