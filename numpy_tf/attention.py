@@ -109,12 +109,15 @@ def masked_softmax(scores: np.ndarray) -> np.ndarray:
     """softmax over the last axis of scores holding -inf where blocked, in place; a row with
     every entry -inf becomes all zeros (its max is -inf: shift by 0 instead, every exp is 0,
     and the zero sum is divided by 1)."""
-    row_max = scores.max(axis=-1, keepdims=True)
-    row_max[~np.isfinite(row_max)] = 0.0
+    row_max = np.maximum.reduce(scores, axis=-1, keepdims=True)
+    finite = np.isfinite(row_max)
+    if not finite.all():                        # only fully blocked rows (or NaN input)
+        row_max[~finite] = 0.0
     scores -= row_max
     np.exp(scores, out=scores)
-    total = scores.sum(axis=-1, keepdims=True)
-    total[total == 0.0] = 1.0
+    total = np.add.reduce(scores, axis=-1, keepdims=True)
+    if not total.all():
+        total[total == 0.0] = 1.0
     scores /= total
     return scores
 

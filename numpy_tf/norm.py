@@ -62,7 +62,7 @@ def _leading_axes(array: np.ndarray) -> tuple[int, ...]:
 def _row_mean(a: np.ndarray) -> np.ndarray:
     """mean over the last axis, (..., C) -> (..., 1): the sum divided by C, which is what
     a.mean computes, without its Python-level wrapper (it counts at the tiny sizes)."""
-    return a.sum(axis=-1, keepdims=True) / a.shape[-1]
+    return np.add.reduce(a, axis=-1, keepdims=True) / a.shape[-1]
 
 
 def _row_mean_of_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:

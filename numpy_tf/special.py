@@ -177,8 +177,8 @@ def _erfc_of_signed(tail: np.ndarray, x: np.ndarray) -> np.ndarray:
     return tail
 
 
-def _erf_block(x: np.ndarray, out: np.ndarray, complement: bool) -> None:
-    """out = erf(x), or erfc(x) if `complement`, for one flat block.
+def _erf_block(x: np.ndarray, complement: bool) -> np.ndarray:
+    """erf(x), or erfc(x) if `complement`, of one flat block.
 
     Each region's formula runs on that region's elements only, gathered by index (a boolean
     mask's gather and scatter cost several times more when the regions interleave at random);
@@ -186,13 +186,12 @@ def _erf_block(x: np.ndarray, out: np.ndarray, complement: bool) -> None:
     holds for every |x|."""
     y = np.abs(x)
     if complement and x.dtype == np.float32:
-        out[...] = _erfc_of_signed(_erfc_float32(y), x)
-        return
+        return _erfc_of_signed(_erfc_float32(y), x)
     small = y <= _SMALL
     if small.all():
         head = _erf_small(x)                            # erf(x) for |x| <= 0.46875
-        out[...] = np.subtract(1.0, head, out=head) if complement else head
-        return
+        return np.subtract(1.0, head, out=head) if complement else head
+    out = np.empty_like(x)
     inner = np.flatnonzero(small)
     if inner.size:
         head = _erf_small(x[inner])
@@ -206,6 +205,7 @@ def _erf_block(x: np.ndarray, out: np.ndarray, complement: bool) -> None:
         np.subtract(1.0, tail, out=tail)
         np.copysign(tail, x_outer, out=tail)
     out[outer] = tail
+    return out
 
 
 def _blockwise(x, complement: bool) -> np.ndarray:
@@ -213,10 +213,12 @@ def _blockwise(x, complement: bool) -> np.ndarray:
     if x.dtype.kind != "f":
         raise TypeError(f"x must be a float array; got dtype {x.dtype}")
     flat = np.ascontiguousarray(x).reshape(-1)
+    if flat.size <= _CHUNK:
+        return _erf_block(flat, complement).reshape(x.shape)
     out = np.empty_like(flat)
     for start in range(0, flat.size, _CHUNK):
         block = slice(start, start + _CHUNK)
-        _erf_block(flat[block], out[block], complement)
+        out[block] = _erf_block(flat[block], complement)
     return out.reshape(x.shape)
 
 
