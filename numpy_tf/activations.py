@@ -17,7 +17,7 @@ import numpy as np
 
 from . import validate
 from .core import Module
-from .special import erfc
+from .special import erfc, map_blocks
 
 _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -55,9 +55,18 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
     validate.float_array("x", x)
     validate.choice("approximate", approximate, GELU_APPROXIMATIONS)
     if approximate == "none":
-        cdf = erfc(x * -_SQRT_HALF)
-        cdf *= 0.5                                   # Phi(x), the standard normal CDF
-        return x * cdf, GELUCache(_gelu_slope(x, cdf, approximate))
+        flat = np.ascontiguousarray(x).reshape(-1)
+        out, slope = np.empty_like(flat), np.empty_like(flat)
+
+        def evaluate(block: slice) -> None:         # the whole chain on one cached block
+            xb = flat[block]
+            cdf = erfc(xb * -_SQRT_HALF)
+            cdf *= 0.5                               # Phi(x), the standard normal CDF
+            np.multiply(xb, cdf, out=out[block])     # y = x Phi(x)
+            slope[block] = _gelu_slope(xb, cdf, approximate)
+
+        map_blocks(evaluate, flat.size)
+        return out.reshape(x.shape), GELUCache(slope.reshape(x.shape))
     u = x * x
     u *= x
     u *= _TANH_CUBIC
