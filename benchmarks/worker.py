@@ -64,16 +64,23 @@ def pin_threads(threads: int) -> dict:
 
 # -- timing ---------------------------------------------------------------------------------------
 def interleaved(first, second, repeats: int, warmup: int = 2) -> tuple[list, list]:
-    """Times of first() and second() run alternately (A B A B ...), after `warmup` of each."""
+    """Times of first() and second() run alternately (A B A B ...), after `warmup` of each,
+    with Python's cyclic garbage collector paused while timing (as timeit does): a collection
+    would land on whichever call happened to cross its threshold."""
     for _ in range(warmup):
         first()
         second()
     times_first, times_second = [], []
-    for _ in range(repeats):
-        for function, times in ((first, times_first), (second, times_second)):
-            start = time.perf_counter()
-            function()
-            times.append(time.perf_counter() - start)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for function, times in ((first, times_first), (second, times_second)):
+                start = time.perf_counter()
+                function()
+                times.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
     return times_first, times_second
 
 
@@ -89,17 +96,25 @@ def gemm_peak(dtype: str, n: int = 1024, repeats: int = 5) -> dict:
     return {"numpy": flops / min(numpy_times) / 1e9, "torch": flops / min(torch_times) / 1e9}
 
 
-def numpy_step(objective: NextTokenLoss, ids: np.ndarray):
-    objective.model.zero_grad()
+def numpy_step(objective: NextTokenLoss, ids: np.ndarray, parameters: list):
+    """Zero the gradients (a cached parameter list, as an optimizer holds it), forward,
+    cross-entropy, backward."""
+    for parameter in parameters:
+        parameter.grad.fill(0.0)
     loss, cache = objective.forward(ids)
     objective.backward(1.0, cache)
     return loss
 
 
-def torch_step(mirror, ids, set_to_none: bool = True):
+def torch_step(mirror, ids, parameters: list, set_to_none: bool = True):
+    """The same in torch: gradients set to None (torch's default, the cheaper) or zeroed."""
     import torch.nn.functional as F
 
-    mirror.zero_grad(set_to_none=set_to_none)
+    for parameter in parameters:
+        if set_to_none:
+            parameter.grad = None
+        elif parameter.grad is not None:
+            parameter.grad.zero_()
     logits = mirror(ids)
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                            ids[:, 1:].reshape(-1))
@@ -116,17 +131,19 @@ def time_size(size: str, dtype: str, repeats: int) -> dict:
     ids_t = torch.from_numpy(ids)
     max_diff = check_agreement(model, mirror, ids)
     objective = NextTokenLoss(model)
-    loss_numpy = float(numpy_step(objective, ids))
-    loss_torch = float(torch_step(mirror, ids_t))
+    ours, theirs = model.parameters(), list(mirror.parameters())
+    loss_numpy = float(numpy_step(objective, ids, ours))
+    loss_torch = float(torch_step(mirror, ids_t, theirs))
     if not np.isclose(loss_numpy, loss_torch, rtol=LOSS_RTOL[dtype]):
         raise AssertionError(f"losses differ: numpy_tf {loss_numpy}, torch {loss_torch}")
     result = {"size": size, "dtype": dtype, "repeats": repeats,
               "logits_max_abs_diff": max_diff, "flops": step_flops(size)}
-    for name, ours, theirs in (
+    for name, first, second in (
             ("forward", lambda: model.forward(ids), lambda: mirror(ids_t)),
-            ("step", lambda: numpy_step(objective, ids), lambda: torch_step(mirror, ids_t))):
+            ("step", lambda: numpy_step(objective, ids, ours),
+             lambda: torch_step(mirror, ids_t, theirs))):
         gc.collect()
-        numpy_times, torch_times = interleaved(ours, theirs, repeats)
+        numpy_times, torch_times = interleaved(first, second, repeats)
         result[name] = {"numpy_tf": statistics.median(numpy_times),
                         "torch": statistics.median(torch_times)}
         result[name]["ratio"] = result[name]["numpy_tf"] / result[name]["torch"]
@@ -203,19 +220,21 @@ def memory_size(size: str, dtype: str) -> dict:
     mirror = torch_mirror(model)
     ids = batch_ids(size)
     ids_t = torch.from_numpy(ids)
-    numpy_step(objective, ids)                                  # warm: BLAS buffers
-    torch_step(mirror, ids_t, set_to_none=False)                # warm, and .grad allocated
+    ours, theirs = model.parameters(), list(mirror.parameters())
+    numpy_step(objective, ids, ours)                            # warm: BLAS buffers
+    torch_step(mirror, ids_t, theirs, set_to_none=False)        # warm, and .grad allocated
     tracemalloc.start()
     tracemalloc.reset_peak()
     start = tracemalloc.get_traced_memory()[0]
-    numpy_step(objective, ids)
+    numpy_step(objective, ids, ours)
     traced = tracemalloc.get_traced_memory()[1] - start
     tracemalloc.stop()
     return {"size": size, "dtype": dtype,
             "parameter_bytes": sum(p.data.nbytes for p in model.parameters()),
             "numpy_tf_tracemalloc": traced,
-            "numpy_tf_rss": _rss_peak_of(lambda: numpy_step(objective, ids)),
-            "torch_rss": _rss_peak_of(lambda: torch_step(mirror, ids_t, set_to_none=False))}
+            "numpy_tf_rss": _rss_peak_of(lambda: numpy_step(objective, ids, ours)),
+            "torch_rss": _rss_peak_of(lambda: torch_step(mirror, ids_t, theirs,
+                                                         set_to_none=False))}
 
 
 def main(argv=None) -> None:
