@@ -54,22 +54,26 @@ def _mb(nbytes: float) -> str:
 
 def markdown(results: dict) -> str:
     """The tables of one run."""
-    lines = [f"Run {results['date']} on {results['machine']}, load average before / after: "
-             f"{results['load_before']} / {results['load_after']}. numpy {results['numpy']}, "
+    loads = "; ".join(f"{t['environment']['threads']} thread(s) {t.get('date', '?')}, load "
+                      f"average before / after {t.get('load_before')} / {t.get('load_after')}"
+                      for t in results["timing"])
+    lines = [f"Run on {results['machine']}: {loads}. numpy {results['numpy']}, "
              f"torch {results['torch']}; NumPy's BLAS: {results['blas']}; "
              f"OPENBLAS_CORETYPE={results['openblas_coretype']}, "
              f"OPENBLAS_L2_SIZE={results['openblas_l2_size']}.", ""]
     lines += ["Times are medians (ms) of interleaved runs (numpy_tf, torch, numpy_tf, ...) after "
-              "warm-up; ratio = numpy_tf / torch (below 1: numpy_tf is faster). The step is "
+              "warm-up; ratio = numpy_tf / torch (below 1: numpy_tf is faster); the ratio of "
+              "the fastest runs is shown too, as a check against load from other processes "
+              "(it moves less when the machine is busy). The step is "
               "forward, cross-entropy and backward, no optimizer. GFLOP/s counts the matmul "
               "FLOPs of the step; % is of the machine's GEMM peak (the faster of NumPy's and "
               "torch's 1024^3 product at that dtype and thread count). Memory is the step's "
               "peak beyond the parameters and their gradient buffers, MB: numpy_tf by "
               "tracemalloc (and by peak-RSS delta), torch by peak-RSS delta.", ""]
     header = ("| threads | dtype | size | forward ms numpy_tf / torch | ratio | step ms "
-              "numpy_tf / torch | **step ratio** | step GFLOP/s numpy_tf / torch (% of peak) "
-              "| step memory MB numpy_tf (RSS) / torch RSS |")
-    lines += [header, "|---" * 9 + "|"]
+              "numpy_tf / torch | **step ratio** | step ratio of minima | step GFLOP/s "
+              "numpy_tf / torch (% of peak) | step memory MB numpy_tf (RSS) / torch RSS |")
+    lines += [header, "|---" * 10 + "|"]
     memory = {(m["threads"], m["size"], m["dtype"]): m for m in results["memory"]}
     for timing in results["timing"]:
         threads = timing["environment"]["threads"]
@@ -86,6 +90,7 @@ def markdown(results: dict) -> str:
                 f"{_ms(run['forward']['numpy_tf'])} / {_ms(run['forward']['torch'])} | "
                 f"{run['forward']['ratio']:.2f} | {_ms(run['step']['numpy_tf'])} / "
                 f"{_ms(run['step']['torch'])} | **{run['step']['ratio']:.2f}** | "
+                f"{run['step'].get('ratio_of_minima', float('nan')):.2f} | "
                 f"{ours:.3g} / {theirs:.3g} ({100 * ours / peak:.0f}% / "
                 f"{100 * theirs / peak:.0f}%) | {mem} |")
     peaks = [f"{t['environment']['threads']} thread(s) {dtype}: NumPy "
@@ -133,6 +138,9 @@ def main(argv=None) -> None:
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--readme", action="store_true", help="put the table into README.md")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other thread counts' results of the previous latest.json "
+                             "(rerun one thread count when the machine was busy)")
     args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
     options = ["--sizes", args.sizes, "--dtypes", args.dtypes]
@@ -146,11 +154,24 @@ def main(argv=None) -> None:
         if last and not args.no_gradcheck:
             extra.append("--gradcheck")
         print(f"timing at {count} thread(s) ...", file=sys.stderr)
-        results["timing"].append(run_worker("timing", count, options + extra))
+        date, load = datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"), load_average()
+        timing = run_worker("timing", count, options + extra)
+        timing.update(date=date, load_before=load, load_after=load_average())
+        results["timing"].append(timing)
         if not args.no_memory:
             memory = run_worker("memory", count, options)
             results["memory"] += [dict(run, threads=count) for run in memory["runs"]]
     results["load_after"] = load_average()
+    previous = args.out / "latest.json"
+    if args.merge and previous.exists():
+        old = json.loads(previous.read_text())
+        results["timing"] = sorted(
+            [t for t in old["timing"] if t["environment"]["threads"] not in threads]
+            + results["timing"], key=lambda t: t["environment"]["threads"])
+        results["memory"] = sorted(
+            [m for m in old["memory"] if m["threads"] not in threads] + results["memory"],
+            key=lambda m: m["threads"])
     environment = results["timing"][0]["environment"]
     blas = environment["blas"]
     results.update(

@@ -133,7 +133,7 @@ def time_size(size: str, dtype: str, repeats: int) -> dict:
     objective = NextTokenLoss(model)
     ours, theirs = model.parameters(), list(mirror.parameters())
     loss_numpy = float(numpy_step(objective, ids, ours))
-    loss_torch = float(torch_step(mirror, ids_t, theirs))
+    loss_torch = torch_step(mirror, ids_t, theirs).item()
     if not np.isclose(loss_numpy, loss_torch, rtol=LOSS_RTOL[dtype]):
         raise AssertionError(f"losses differ: numpy_tf {loss_numpy}, torch {loss_torch}")
     result = {"size": size, "dtype": dtype, "repeats": repeats,
@@ -145,8 +145,10 @@ def time_size(size: str, dtype: str, repeats: int) -> dict:
         gc.collect()
         numpy_times, torch_times = interleaved(first, second, repeats)
         result[name] = {"numpy_tf": statistics.median(numpy_times),
-                        "torch": statistics.median(torch_times)}
+                        "torch": statistics.median(torch_times),
+                        "numpy_tf_min": min(numpy_times), "torch_min": min(torch_times)}
         result[name]["ratio"] = result[name]["numpy_tf"] / result[name]["torch"]
+        result[name]["ratio_of_minima"] = min(numpy_times) / min(torch_times)
     return result
 
 
