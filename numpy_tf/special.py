@@ -217,8 +217,14 @@ def _erf_block(x: np.ndarray, complement: bool) -> np.ndarray:
 def worker_threads() -> int:
     """The threads map_blocks uses: NUMPY_TF_NUM_THREADS, else OMP_NUM_THREADS (which torch
     and OpenBLAS read too), else every CPU this process may run on."""
-    for name in ("NUMPY_TF_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(name, "").strip()
+    return _threads_for(os.environ.get("NUMPY_TF_NUM_THREADS"),
+                        os.environ.get("OMP_NUM_THREADS"))
+
+
+@functools.lru_cache(maxsize=16)
+def _threads_for(*settings: str | None) -> int:
+    for value in settings:
+        value = (value or "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value)
     if hasattr(os, "sched_getaffinity"):
@@ -235,6 +241,9 @@ def map_blocks(function: Callable[[slice], None], size: int) -> None:
     """function(block) for the consecutive slices of range(size), _CHUNK elements each,
     spread over worker_threads() threads (in order on the calling thread when one suffices).
     `function` writes its block's results into arrays the caller owns; blocks never overlap."""
+    if size <= _CHUNK:
+        function(slice(0, size))
+        return
     blocks = [slice(start, start + _CHUNK) for start in range(0, size, _CHUNK)]
     threads = min(worker_threads(), len(blocks))
     if threads <= 1:
