@@ -17,7 +17,7 @@ import numpy as np
 
 from . import validate
 from .core import Module
-from .special import erfc
+from .special import erfc, map_blocks
 
 _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -48,7 +48,8 @@ def relu_backward(dout: np.ndarray, cache: ReLUCache) -> np.ndarray:
 # -- GELU -------------------------------------------------------------------------------------
 class GELUCache(NamedTuple):
     x: np.ndarray               # (...) the input
-    phi: np.ndarray             # (...) Phi(x) for "none"; tanh(u) for "tanh"
+    phi: np.ndarray             # (...) Phi(x) for "none", t = tanh(u) for "tanh": the forward's
+                                # expensive part, kept so backward needs no second erf
     approximate: str
 
 
@@ -57,9 +58,17 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
     validate.float_array("x", x)
     validate.choice("approximate", approximate, GELU_APPROXIMATIONS)
     if approximate == "none":
-        phi = erfc(x * -_SQRT_HALF)
-        phi *= 0.5                                   # Phi(x), the standard normal CDF
-        return x * phi, GELUCache(x, phi, approximate)
+        flat = np.ascontiguousarray(x).reshape(-1)
+        out, phi = np.empty_like(flat), np.empty_like(flat)
+
+        def evaluate(block: slice) -> None:         # one cache-sized block, on any thread
+            cdf = erfc(flat[block] * -_SQRT_HALF)
+            cdf *= 0.5                               # Phi(x), the standard normal CDF
+            phi[block] = cdf
+            np.multiply(flat[block], cdf, out=out[block])       # y = x Phi(x)
+
+        map_blocks(evaluate, flat.size)
+        return out.reshape(x.shape), GELUCache(x, phi.reshape(x.shape), approximate)
     u = x * x
     u *= x
     u *= _TANH_CUBIC
@@ -72,7 +81,7 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
 
 
 def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
-    """The exact derivative of the variant that ran forward.
+    """The exact derivative of the variant that ran forward, times dout.
 
     approximate="none": y = x Phi(x) with Phi' = phi, the normal density
         phi(x) = exp(-x^2 / 2) / sqrt(2 pi), so by the product rule
@@ -82,7 +91,7 @@ def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
         c = 0.044715. With dt/du = 1 - t^2 and du/dx = sqrt(2/pi) (1 + 3 c x^2):
         dy/dx = (1 + t) / 2 + x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2) / 2.
 
-    Cached: x, and Phi(x) (or t) from the forward, so backward needs no second erf.
+    Then dx = dout dy/dx, elementwise. Cached: x, and Phi(x) (or t) from the forward.
     """
     x, phi, approximate = cache
     if approximate == "none":

@@ -24,6 +24,7 @@ and the backward's products sum the r heads' contributions to dk and dv by thems
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -46,6 +47,15 @@ class AttentionCache(NamedTuple):
 def causal_mask(query_length: int, key_length: int, offset: int = 0) -> np.ndarray:
     """(Tq, Tk) bool, True where key j is in the future of query i: j > i + offset."""
     return np.triu(np.ones((query_length, key_length), dtype=bool), k=offset + 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_causal_mask(query_length: int, key_length: int, offset: int) -> np.ndarray:
+    """causal_mask, built once per shape and kept read-only (every layer of every step asks
+    for the same one)."""
+    mask = causal_mask(query_length, key_length, offset)
+    mask.flags.writeable = False
+    return mask
 
 
 def _check_mask(name: str, mask, shape: tuple, dtype: np.dtype) -> None:
@@ -85,7 +95,7 @@ def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_m
     if is_causal:
         if causal_offset < 0:
             raise ValueError(f"causal_offset must be >= 0; got {causal_offset}")
-        blocked.append(causal_mask(tq, tk, causal_offset))
+        blocked.append(_shared_causal_mask(tq, tk, causal_offset))
     combined_blocked = None
     for mask in blocked:
         combined_blocked = mask if combined_blocked is None else combined_blocked | mask
@@ -99,19 +109,26 @@ def masked_softmax(scores: np.ndarray) -> np.ndarray:
     """softmax over the last axis of scores holding -inf where blocked, in place; a row with
     every entry -inf becomes all zeros (its max is -inf: shift by 0 instead, every exp is 0,
     and the zero sum is divided by 1)."""
-    row_max = scores.max(axis=-1, keepdims=True)
-    row_max[~np.isfinite(row_max)] = 0.0
+    row_max = np.maximum.reduce(scores, axis=-1, keepdims=True)
+    finite = np.isfinite(row_max)
+    if not finite.all():                        # only fully blocked rows (or NaN input)
+        row_max[~finite] = 0.0
     scores -= row_max
     np.exp(scores, out=scores)
-    total = scores.sum(axis=-1, keepdims=True)
-    total[total == 0.0] = 1.0
+    total = np.add.reduce(scores, axis=-1, keepdims=True)
+    if not total.all():
+        total[total == 0.0] = 1.0
     scores /= total
     return scores
 
 
 def _grouped(x: np.ndarray, groups: int) -> np.ndarray:
-    """(B, H, T, w) -> (B, G, r T, w): the r heads of each group stacked along the T axis."""
+    """(B, H, T, w) -> (B, G, r T, w): the r heads of each group stacked along the T axis.
+    With one head per group (r = 1) that is x itself, strided or not: matmul reads the heads
+    of a fused projection in place, so nothing is copied."""
     batch, heads, length, width = x.shape
+    if heads == groups:
+        return x
     return np.ascontiguousarray(x).reshape(batch, groups, (heads // groups) * length, width)
 
 
@@ -142,9 +159,8 @@ def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=Non
     blocked, bias = attention_masks((batch, heads, tq, tk), q.dtype, attn_mask,
                                     key_padding_mask, is_causal, causal_offset)
 
-    scores = _grouped(q, groups) @ k.swapaxes(-1, -2)                   # (B, G, r Tq, Tk)
+    scores = _grouped(q * scale, groups) @ k.swapaxes(-1, -2)           # (B, G, r Tq, Tk)
     scores = scores.reshape(batch, heads, tq, tk)                       # (B, H, Tq, Tk)
-    scores *= scale
     if bias is not None:
         scores += bias
     if blocked is not None:
@@ -174,9 +190,12 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache):
            dS_ik = P_ik (dP_ik - sum_j dP_ij P_ij)
        Blocked entries have P = 0, so their dS is 0; a fully blocked row has P = 0 throughout
        and its gradients are all 0 (no NaN: S = -inf never enters the arithmetic).
+       The row sums sum_j dP_ij P_ij are one pass of einsum (no (Tq, Tk) temporary).
     3. S = s q k^T:
            dq = s dS k                                (B, H, Tq, d)
            dk = s dS^T q                              summed over the r heads of a group
+       The scale s multiplies the small products (Tq or Tk by d), not dS (Tq by Tk); the
+       forward likewise scales q before q k^T.
     Cached: q, k, v and P (the probabilities are also what a student looks at) and the
     dropout mask; nothing else is needed. Returns (dq, dk, dv).
     """
@@ -190,12 +209,13 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache):
     if mask is not None:
         dprobs *= mask
     dscores = dprobs
-    dscores -= (dprobs * probs).sum(axis=-1, keepdims=True)
+    dscores -= np.einsum("bhij,bhij->bhi", dprobs, probs)[..., None]   # sum_j dP_ij P_ij
     dscores *= probs                                                    # dS (B, H, Tq, Tk)
-    dscores *= scale
     dscores_grouped = _grouped(dscores, groups)                         # (B, G, r Tq, Tk)
     dq = (dscores_grouped @ k).reshape(batch, heads, tq, width)         # (B, H, Tq, d)
+    dq *= scale
     dk = dscores_grouped.swapaxes(-1, -2) @ _grouped(q, groups)         # (B, G, Tk, d)
+    dk *= scale
     return dq, dk, dv
 
 

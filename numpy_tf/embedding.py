@@ -80,6 +80,16 @@ class Embedding(Module):
         return embedding_forward(ids, self.weight.data, self.padding_idx)
 
     def backward(self, dout, cache):
-        """Adds into weight.grad; returns None (integer ids have no gradient)."""
-        self.weight.grad += embedding_backward(dout, cache)
+        """Adds into weight.grad; returns None (integer ids have no gradient).
+
+        The same sum as embedding_backward, accumulated straight into weight.grad by np.add.at
+        over the looked-up rows only: no (V, D) table of zeros per call (V is the vocabulary),
+        and the padding row's positions are left out instead of zeroed afterwards."""
+        ids, _, padding_idx = cache
+        ids = ids.reshape(-1)
+        rows = dout.reshape(-1, dout.shape[-1])                       # (N, D)
+        if padding_idx is not None:
+            kept = ids != padding_idx
+            ids, rows = ids[kept], rows[kept]
+        np.add.at(self.weight.grad, ids, rows)
         return None

@@ -31,6 +31,14 @@ class CrossEntropyCache(NamedTuple):
     reduction: str
 
 
+def _at_targets(values: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """values[..., targets[...]]: (..., C) and (...) -> (...), a view of the picked entries'
+    positions as one flat fancy index (take_along_axis's Python layer costs more at small
+    sizes)."""
+    rows = values.reshape(-1, values.shape[-1])
+    return rows[np.arange(len(rows)), targets.reshape(-1)].reshape(targets.shape)
+
+
 def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100,
                           label_smoothing: float = 0.0, reduction: str = "mean"):
     """(loss, cache): loss is 0-d for "mean"/"sum", shape (...) for "none"; logits' dtype."""
@@ -47,14 +55,14 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
 
     keep = targets != ignore_index
     safe_targets = np.where(keep, targets, 0)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
+    shifted = logits - logits.max(axis=-1, keepdims=True)          # (..., C)
     exp = np.exp(shifted)
-    sum_exp = exp.sum(axis=-1, keepdims=True)
-    log_probs = shifted - np.log(sum_exp)                          # (..., C)
-    picked = np.take_along_axis(log_probs, safe_targets[..., None], axis=-1)[..., 0]
+    sum_exp = exp.sum(axis=-1, keepdims=True)                      # (..., 1)
+    log_norm = np.log(sum_exp)[..., 0]                             # (...)
+    picked = _at_targets(shifted, safe_targets) - log_norm         # l_y = shifted_y - log_norm
     losses = -(1.0 - label_smoothing) * picked
-    if label_smoothing:
-        losses -= (label_smoothing / classes) * log_probs.sum(axis=-1)
+    if label_smoothing:                                            # sum_c l_c
+        losses -= (label_smoothing / classes) * (shifted - log_norm[..., None]).sum(axis=-1)
     losses = np.where(keep, losses, 0.0).astype(logits.dtype, copy=False)
     count = int(keep.sum())
     if reduction == "none":
@@ -63,8 +71,8 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
         loss = losses.sum()
     else:
         loss = losses.sum() / max(count, 1)
-    cache = CrossEntropyCache(exp / sum_exp, safe_targets, keep, count, label_smoothing,
-                              reduction)
+    exp /= sum_exp                                                 # softmax, in place
+    cache = CrossEntropyCache(exp, safe_targets, keep, count, label_smoothing, reduction)
     return np.asarray(loss, dtype=logits.dtype), cache
 
 
@@ -81,9 +89,8 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache) -> np.ndarray:
     probs, targets, keep, count, smoothing, reduction = cache
     classes = probs.shape[-1]
     dlogits = probs.copy()                                              # (..., C)
-    np.put_along_axis(dlogits, targets[..., None],
-                      np.take_along_axis(dlogits, targets[..., None], axis=-1)
-                      - (1.0 - smoothing), axis=-1)
+    rows = dlogits.reshape(-1, classes)                                 # a view: contiguous
+    rows[np.arange(len(rows)), targets.reshape(-1)] -= 1.0 - smoothing
     if smoothing:
         dlogits -= smoothing / classes
     dloss = np.asarray(dloss, dtype=probs.dtype)

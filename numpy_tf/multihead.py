@@ -245,7 +245,8 @@ class FusedAttention(HeadAttention):
 
     def _project(self, query, key, value):
         qkv, cache = self.qkv.forward(query)                            # (B, T, 3C)
-        q, k, v = np.split(qkv, 3, axis=-1)
+        width = self.width
+        q, k, v = qkv[..., :width], qkv[..., width:2 * width], qkv[..., 2 * width:]
         return q, k, v, cache
 
     def _project_backward(self, dq, dk, dv, caches, inputs):

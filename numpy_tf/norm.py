@@ -59,6 +59,23 @@ def _leading_axes(array: np.ndarray) -> tuple[int, ...]:
     return tuple(range(array.ndim - 1))
 
 
+def _row_mean(a: np.ndarray) -> np.ndarray:
+    """mean over the last axis, (..., C) -> (..., 1): the sum divided by C, which is what
+    a.mean computes, without its Python-level wrapper (it counts at the tiny sizes)."""
+    return np.add.reduce(a, axis=-1, keepdims=True) / a.shape[-1]
+
+
+def _row_mean_of_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """mean over the last axis of a * b, (..., C) -> (..., 1), in one pass (einsum forms no
+    (..., C) temporary)."""
+    return np.einsum("...i,...i->...", a, b)[..., None] / a.shape[-1]
+
+
+def _sum_over_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """sum over every leading (batch, time) position of a * b, (..., C) -> (C,), in one pass."""
+    return np.einsum("ni,ni->i", a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]))
+
+
 # -- LayerNorm --------------------------------------------------------------------------------
 class LayerNormCache(NamedTuple):
     x_hat: np.ndarray               # (..., C) (x - mean) * inv_std, for dx and dweight
@@ -72,11 +89,12 @@ def layernorm_forward(x: np.ndarray, weight: np.ndarray | None = None,
     """out = weight * x_hat + bias, x_hat = (x - mean) / sqrt(var + eps), over the last axis,
     biased variance, as torch.nn.functional.layer_norm. x (..., C) -> out (..., C)."""
     eps = _check_row_input(x, weight, bias, eps)
-    mean = x.mean(axis=-1, keepdims=True)                           # (..., 1)
+    mean = _row_mean(x)                                             # (..., 1)
     centered = x - mean                                             # (..., C)
-    var = np.mean(centered * centered, axis=-1, keepdims=True)      # (..., 1) divides by C
+    var = _row_mean_of_product(centered, centered)                  # (..., 1) divides by C
     inv_std = 1.0 / np.sqrt(var + eps)                              # (..., 1)
-    x_hat = centered * inv_std                                      # (..., C)
+    x_hat = centered                                                # (..., C), in place:
+    x_hat *= inv_std                                                # centered is not kept
     out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
     if bias is not None:
         out += bias
@@ -119,12 +137,11 @@ def layernorm_backward(dout: np.ndarray, cache: LayerNormCache):
     """
     x_hat, inv_std, weight, has_bias = cache
     g = dout * weight if weight is not None else dout                        # (..., C)
-    dx = g - g.mean(axis=-1, keepdims=True)                                  # (..., C)
-    dx -= x_hat * np.mean(g * x_hat, axis=-1, keepdims=True)
+    dx = g - _row_mean(g)                                                    # (..., C)
+    dx -= x_hat * _row_mean_of_product(g, x_hat)
     dx *= inv_std
-    lead = _leading_axes(dout)
-    dweight = np.sum(dout * x_hat, axis=lead) if weight is not None else None   # (C,)
-    dbias = dout.sum(axis=lead) if has_bias else None                           # (C,)
+    dweight = _sum_over_positions(dout, x_hat) if weight is not None else None  # (C,)
+    dbias = dout.sum(axis=_leading_axes(dout)) if has_bias else None            # (C,)
     return dx, dweight, dbias
 
 
@@ -139,7 +156,7 @@ def rmsnorm_forward(x: np.ndarray, weight: np.ndarray | None = None, eps: float 
     """out = weight * x / sqrt(mean(x^2) + eps) over the last axis, as torch.nn.RMSNorm.
     x (..., C) -> out (..., C). eps is required (there is no default; see the module text)."""
     eps = _check_row_input(x, weight, None, _explicit_eps(eps))
-    mean_square = np.mean(x * x, axis=-1, keepdims=True)            # (..., 1)
+    mean_square = _row_mean_of_product(x, x)                        # (..., 1)
     inv_rms = 1.0 / np.sqrt(mean_square + eps)                      # (..., 1)
     x_hat = x * inv_rms                                             # (..., C)
     out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
@@ -173,9 +190,9 @@ def rmsnorm_backward(dout: np.ndarray, cache: RMSNormCache):
     """
     x_hat, inv_rms, weight = cache
     g = dout * weight if weight is not None else dout                        # (..., C)
-    dx = g - x_hat * np.mean(g * x_hat, axis=-1, keepdims=True)              # (..., C)
+    dx = g - x_hat * _row_mean_of_product(g, x_hat)                          # (..., C)
     dx *= inv_rms
-    dweight = np.sum(dout * x_hat, axis=_leading_axes(dout)) if weight is not None else None
+    dweight = _sum_over_positions(dout, x_hat) if weight is not None else None  # (C,)
     return dx, dweight
 
 

@@ -72,7 +72,7 @@ def integer_array(name: str, ids, *, ndim=None, shape: str = "") -> np.ndarray:
 def ids_in_range(name: str, ids: np.ndarray, size: int, *, allowed_extra: int | None = None):
     """Every id in [0, size) (or equal to `allowed_extra`, e.g. an ignore_index); the message
     gives the offending value and its position."""
-    if ids.size == 0:
+    if ids.size == 0 or (allowed_extra is None and ids.min() >= 0 and ids.max() < size):
         return
     bad = (ids < 0) | (ids >= size)
     if allowed_extra is not None:

@@ -1,28 +1,29 @@
 """numpy_tf.gradcheck catches wrong backward passes and reports where."""
+import importlib
+
 import numpy as np
 import pytest
 
 from numpy_tf import (Linear, gelu_backward, gelu_forward, gradcheck, gradcheck_module,
                       linear_backward, linear_forward)
-from numpy_tf.activations import GELUCache
 
 
-def _wrong_gelu_backward(dout, cache: GELUCache):
-    """The derivative of the exact GELU applied to the tanh variant: numpy-ml's mistake."""
-    _, exact = gelu_forward(cache.x, "none")
-    return gelu_backward(dout, exact)
+def _tanh_gelu_with_the_exact_backward(x):
+    """The tanh GELU whose cache holds the exact GELU's derivative: numpy-ml's mistake."""
+    out, _ = gelu_forward(x, "tanh")
+    return out, gelu_forward(x, "none")[1]
 
 
 def test_full_mode_catches_a_backward_of_the_wrong_variant():
     x = np.random.default_rng(0).standard_normal((3, 4)) * 2
-    report = gradcheck(lambda x: gelu_forward(x, "tanh"), _wrong_gelu_backward, {"x": x})
+    report = gradcheck(_tanh_gelu_with_the_exact_backward, gelu_backward, {"x": x})
     assert not report.passed
     assert "FAIL" in str(report)
 
 
 def test_fast_mode_catches_it_too():
     x = np.random.default_rng(0).standard_normal((3, 4)) * 2
-    report = gradcheck(lambda x: gelu_forward(x, "tanh"), _wrong_gelu_backward, {"x": x},
+    report = gradcheck(_tanh_gelu_with_the_exact_backward, gelu_backward, {"x": x},
                        fast=True)
     assert not report.passed
 
@@ -70,3 +71,56 @@ def test_report_text_and_dict():
     assert "max abs err" in text and "worst index" in text and "all passed" in text
     data = report.to_dict()
     assert data["passed"] and data["rows"][0]["name"] == "x"
+
+
+# -- the full mode on a Module evaluates only downstream of the perturbed tensor ----------------
+def _full_reports(module, *inputs):
+    """The full check's report with and without reusing the unperturbed upstream."""
+    tool = importlib.import_module("numpy_tf.gradcheck")   # the file (the package exports
+                                                           # the function of the same name)
+    module = module.astype(np.float64)
+    rng = np.random.default_rng(0)
+    out, cache = module.forward(*inputs)
+    dout = rng.standard_normal(np.shape(out))
+    module.zero_grad()
+    module.backward(dout, cache)
+    tensors = {name: p.data for name, p in module.named_parameters()}
+    analytic = {name: p.grad.copy() for name, p in module.named_parameters()}
+    objective = lambda: float(np.sum(dout * module.forward(*inputs)[0]))  # noqa: E731
+    return [tool._full_module_check("m", module, objective, tensors, analytic, 1e-6, rng, {},
+                                    downstream).to_dict() for downstream in (True, False)]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_downstream_evaluation_gives_the_same_numbers_bit_for_bit(tied):
+    from numpy_tf.gpt import GPT, GPTConfig
+    from numpy_tf.objectives import NextTokenLoss
+    config = GPTConfig.tiny(vocab_size=5, max_context=3, width=4, heads=2, tied=tied,
+                            init_std=0.3)
+    ids = np.random.default_rng(1).integers(0, 5, (2, 3))
+    replayed, plain = _full_reports(NextTokenLoss(GPT(config, rng=2)), ids)
+    assert replayed == plain
+    assert replayed["passed"]
+
+
+class _WritesIntoItsChild(Linear):
+    """A parent that adds into its child's output in place: reuse must not be fooled."""
+
+    def __init__(self):
+        super().__init__(3, 3, rng=0)
+        self.inner = Linear(3, 3, rng=1)
+
+    def forward(self, x):
+        h, inner = self.inner.forward(x)
+        h += 1.0
+        y, own = super().forward(h)
+        return y, (inner, own)
+
+    def backward(self, dout, cache):
+        return self.inner.backward(super().backward(dout, cache[1]), cache[0])
+
+
+def test_a_caller_writing_into_an_output_falls_back_to_whole_forwards():
+    x = np.random.default_rng(3).standard_normal((2, 3))
+    replayed, plain = _full_reports(_WritesIntoItsChild(), x)
+    assert replayed == plain and replayed["passed"]

@@ -60,4 +60,16 @@ def test_float32_stays_float32_and_accurate():
 def test_shape_kept_including_empty_and_zero_d():
     assert erf(np.zeros((0, 3))).shape == (0, 3)
     assert erf(np.array(0.5)).shape == ()
-    assert erf(np.ones((2, 40000))).shape == (2, 40000)     # more than one block
+    assert erf(np.ones((2, 70000))).shape == (2, 70000)     # more than one block
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_thread_count_changes_nothing(monkeypatch, dtype):
+    x = (np.random.default_rng(0).standard_normal(300_000) * 3).astype(dtype)   # 3 blocks
+    results = []
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("NUMPY_TF_NUM_THREADS", threads)
+        results.append((erf(x), erfc(x)))
+    for other in results[1:]:
+        np.testing.assert_array_equal(other[0], results[0][0])
+        np.testing.assert_array_equal(other[1], results[0][1])

@@ -1,0 +1,1 @@
+"""Benchmarks of numpy_tf against torch CPU eager (not part of the installed package)."""

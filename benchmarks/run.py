@@ -1,0 +1,193 @@
+"""numpy_tf against torch CPU eager: `python -m benchmarks` (see README.md, "Benchmarks").
+
+For each thread count one worker process times both libraries (benchmarks/worker.py) with the
+thread variables set in its environment before NumPy loads, and a second one measures memory
+(with glibc returning freed buffers to the OS at once, so that the resident set follows what is
+live). The results go to benchmarks/results/latest.json and latest.md, and, with --readme, into
+README.md between the benchmark markers.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+
+def run_worker(task: str, threads: int, options: list[str]) -> dict:
+    environment = dict(os.environ)
+    environment.update({name: str(threads) for name in THREAD_VARIABLES})
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
+    if task == "memory":
+        environment["MALLOC_MMAP_THRESHOLD_"] = "65536"
+        environment["MALLOC_TRIM_THRESHOLD_"] = "0"
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.worker", task, "--threads", str(threads), *options],
+        cwd=ROOT, env=environment, stdout=subprocess.PIPE, check=True, text=True)
+    return json.loads(completed.stdout)
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g}" if seconds < 1 else f"{seconds * 1e3:,.0f}"
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.3g}"
+
+
+def markdown(results: dict) -> str:
+    """The tables of one run."""
+    loads = "; ".join(f"{t['environment']['threads']} thread(s) {t.get('date', '?')}, load "
+                      f"average before / after {t.get('load_before')} / {t.get('load_after')}"
+                      for t in results["timing"])
+    lines = [f"Run on {results['machine']}: {loads}. numpy {results['numpy']}, "
+             f"torch {results['torch']}; NumPy's BLAS: {results['blas']}; "
+             f"OPENBLAS_CORETYPE={results['openblas_coretype']}, "
+             f"OPENBLAS_L2_SIZE={results['openblas_l2_size']}.", ""]
+    lines += ["Times are medians (ms) of interleaved runs (numpy_tf, torch, numpy_tf, ...) after "
+              "warm-up; ratio = numpy_tf / torch (below 1: numpy_tf is faster); the ratio of "
+              "the fastest runs is shown too, as a check against load from other processes "
+              "(it moves less when the machine is busy). The step is "
+              "forward, cross-entropy and backward, no optimizer. GFLOP/s counts the matmul "
+              "FLOPs of the step; % is of the machine's GEMM peak (the faster of NumPy's and "
+              "torch's 1024^3 product at that dtype and thread count). Memory is the step's "
+              "peak beyond the parameters and their gradient buffers, MB: numpy_tf by "
+              "tracemalloc (and by peak-RSS delta), torch by peak-RSS delta.", ""]
+    header = ("| threads | dtype | size | forward ms numpy_tf / torch | ratio | step ms "
+              "numpy_tf / torch | **step ratio** | step ratio of minima | step GFLOP/s "
+              "numpy_tf / torch (% of peak) | step memory MB numpy_tf (RSS) / torch RSS |")
+    lines += [header, "|---" * 10 + "|"]
+    memory = {(m["threads"], m["size"], m["dtype"]): m for m in results["memory"]}
+    for timing in results["timing"]:
+        threads = timing["environment"]["threads"]
+        for run in timing["runs"]:
+            peak = max(timing["gemm_peak"][run["dtype"]].values())
+            flops = run["flops"]["step"]
+            ours = flops / run["step"]["numpy_tf"] / 1e9
+            theirs = flops / run["step"]["torch"] / 1e9
+            m = memory.get((threads, run["size"], run["dtype"]))
+            mem = "-" if m is None else (f"{_mb(m['numpy_tf_tracemalloc'])} "
+                                         f"({_mb(m['numpy_tf_rss'])}) / {_mb(m['torch_rss'])}")
+            lines.append(
+                f"| {threads} | {run['dtype']} | {run['size']} | "
+                f"{_ms(run['forward']['numpy_tf'])} / {_ms(run['forward']['torch'])} | "
+                f"{run['forward']['ratio']:.2f} | {_ms(run['step']['numpy_tf'])} / "
+                f"{_ms(run['step']['torch'])} | **{run['step']['ratio']:.2f}** | "
+                f"{run['step'].get('ratio_of_minima', float('nan')):.2f} | "
+                f"{ours:.3g} / {theirs:.3g} ({100 * ours / peak:.0f}% / "
+                f"{100 * theirs / peak:.0f}%) | {mem} |")
+    peaks = [f"{t['environment']['threads']} thread(s) {dtype}: NumPy "
+             f"{p['numpy']:.0f}, torch {p['torch']:.0f}"
+             for t in results["timing"] for dtype, p in t["gemm_peak"].items()]
+    lines += ["", "GEMM peak GFLOP/s: " + "; ".join(peaks) + "."]
+    decoding = [(t["environment"]["threads"], d) for t in results["timing"]
+                for d in t.get("decoding", [])]
+    if decoding:
+        lines += ["", "Decoding (greedy, one-token prompt to T = 256, batch 1, numpy_tf):", "",
+                  "| threads | size | dtype | KV cache tokens/s | recompute tokens/s | speed-up "
+                  "| same tokens |", "|---|---|---|---|---|---|---|"]
+        for threads, d in decoding:
+            lines.append(f"| {threads} | {d['size']} | {d['dtype']} | "
+                         f"{d['cache']['tokens_per_s']:.0f} | "
+                         f"{d['recompute']['tokens_per_s']:.1f} | {d['speedup']:.1f}x | "
+                         f"{d['same_tokens']} |")
+    checks = [t["gradcheck"] for t in results["timing"] if "gradcheck" in t]
+    for g in checks:
+        lines += ["", f"Finite-difference gradient check of the tiny GPT ({g['parameters']:,} "
+                      f"parameters, ids {tuple(g['ids_shape'])}, float64): full "
+                      f"{g['full_seconds']:.2f} s (passed: {g['full_passed']}, norm-relative "
+                      f"error {g['full_max_norm_rel_error']:.1e}); fast mode "
+                      f"({g['fast_directions']} directions) {g['fast_seconds'] * 1e3:.1f} ms."]
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(table: str) -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = text.index(README_START), text.index(README_END)
+    readme.write_text(text[:start + len(README_START)] + "\n" + table + text[end:])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--sizes", default="tiny,small,medium,large")
+    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed repetitions per measurement (default: by size)")
+    parser.add_argument("--decode-sizes", default="small,medium",
+                        help="sizes whose KV-cache decoding is timed ('' for none)")
+    parser.add_argument("--no-gradcheck", action="store_true")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--readme", action="store_true", help="put the table into README.md")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other thread counts' results of the previous latest.json "
+                             "(rerun one thread count when the machine was busy)")
+    args = parser.parse_args(argv)
+    threads = [int(t) for t in args.threads.split(",")]
+    options = ["--sizes", args.sizes, "--dtypes", args.dtypes]
+    if args.repeats:
+        options += ["--repeats", str(args.repeats)]
+    results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"), "load_before": load_average(), "timing": [], "memory": []}
+    for index, count in enumerate(threads):
+        last = index == len(threads) - 1
+        extra = ["--decode-sizes", args.decode_sizes if last else ""]
+        if last and not args.no_gradcheck:
+            extra.append("--gradcheck")
+        print(f"timing at {count} thread(s) ...", file=sys.stderr)
+        date, load = datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"), load_average()
+        timing = run_worker("timing", count, options + extra)
+        timing.update(date=date, load_before=load, load_after=load_average())
+        results["timing"].append(timing)
+        if not args.no_memory:
+            memory = run_worker("memory", count, options)
+            results["memory"] += [dict(run, threads=count) for run in memory["runs"]]
+    results["load_after"] = load_average()
+    previous = args.out / "latest.json"
+    if args.merge and previous.exists():
+        old = json.loads(previous.read_text())
+        results["timing"] = sorted(
+            [t for t in old["timing"] if t["environment"]["threads"] not in threads]
+            + results["timing"], key=lambda t: t["environment"]["threads"])
+        results["memory"] = sorted(
+            [m for m in old["memory"] if m["threads"] not in threads] + results["memory"],
+            key=lambda m: m["threads"])
+    environment = results["timing"][0]["environment"]
+    blas = environment["blas"]
+    results.update(
+        machine=f"{environment['machine']}, {environment['cpu_count']} cores, Python "
+                f"{environment['python']}",
+        numpy=environment["numpy"], torch=environment["torch"],
+        blas=blas if isinstance(blas, str) else ", ".join(
+            f"{pool['internal_api']} {pool['version']} ({pool['architecture']} kernel, "
+            f"{pool['threading_layer']} threads)" if pool.get("architecture") else
+            f"{pool['internal_api']} ({Path(pool['filepath']).name})" for pool in blas),
+        openblas_coretype=environment["environment"]["OPENBLAS_CORETYPE"],
+        openblas_l2_size=environment["environment"]["OPENBLAS_L2_SIZE"])
+    table = markdown(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "latest.md").write_text(table)
+    if args.readme:
+        update_readme(table)
+    print(table)

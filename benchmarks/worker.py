@@ -1,0 +1,274 @@
+"""One benchmark process at one thread count: `python -m benchmarks.worker TASK --threads N ...`
+prints one JSON object. The parent (benchmarks/run.py) sets the BLAS and OpenMP thread
+variables in this process's environment before NumPy is imported; here torch.set_num_threads
+and, when threadpoolctl is installed, threadpool_limits pin both libraries again and record
+which BLAS library and kernel NumPy runs.
+
+Tasks:
+  timing   forward and training-step times, interleaved numpy_tf / torch, medians; the GEMM
+           peak; KV-cache decoding; the finite-difference gradient checks
+  memory   the step's peak memory beyond the parameters and their gradient buffers: tracemalloc
+           and peak-RSS deltas for numpy_tf, peak-RSS delta for torch (run with glibc's
+           MALLOC_MMAP_THRESHOLD_ low, so a freed buffer leaves the resident set at once)
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+from benchmarks.models import (SIZES, batch_ids, check_agreement, config_for, step_flops,
+                               torch_mirror)
+from numpy_tf.generate import generate
+from numpy_tf.gpt import GPT, GPTConfig
+from numpy_tf.gradcheck import gradcheck_module
+from numpy_tf.objectives import NextTokenLoss
+
+DTYPES = {"float32": np.float32, "float64": np.float64}
+DEFAULT_REPEATS = {"tiny": 200, "small": 15, "medium": 7, "large": 5}
+LOSS_RTOL = {"float64": 1e-10, "float32": 1e-5}
+
+
+def pin_threads(threads: int) -> dict:
+    """Set both libraries to `threads` and say what NumPy's BLAS is."""
+    import torch
+
+    torch.set_num_threads(threads)
+    info = {"threads": threads, "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "numpy": np.__version__,
+            "python": platform.python_version(), "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "environment": {name: os.environ.get(name) for name in (
+                "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
+                "OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+    except ImportError:
+        info["blas"] = "threadpoolctl not installed; threads set by environment variables"
+        return info
+    threadpool_limits(threads)
+    info["blas"] = [{key: pool.get(key) for key in ("internal_api", "version", "architecture",
+                                                     "num_threads", "threading_layer",
+                                                     "filepath")}
+                    for pool in threadpool_info()]
+    return info
+
+
+# -- timing ---------------------------------------------------------------------------------------
+def interleaved(first, second, repeats: int, warmup: int = 2) -> tuple[list, list]:
+    """Times of first() and second() run alternately (A B A B ...), after `warmup` of each,
+    with Python's cyclic garbage collector paused while timing (as timeit does): a collection
+    would land on whichever call happened to cross its threshold."""
+    for _ in range(warmup):
+        first()
+        second()
+    times_first, times_second = [], []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for function, times in ((first, times_first), (second, times_second)):
+                start = time.perf_counter()
+                function()
+                times.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return times_first, times_second
+
+
+def gemm_peak(dtype: str, n: int = 1024, repeats: int = 5) -> dict:
+    """The best GFLOP/s of an n x n x n matrix product, NumPy and torch each."""
+    import torch
+
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(dtype)
+    b = np.random.default_rng(1).standard_normal((n, n)).astype(dtype)
+    ta, tb = torch.from_numpy(a.copy()), torch.from_numpy(b.copy())
+    numpy_times, torch_times = interleaved(lambda: a @ b, lambda: ta @ tb, repeats)
+    flops = 2.0 * n ** 3
+    return {"numpy": flops / min(numpy_times) / 1e9, "torch": flops / min(torch_times) / 1e9}
+
+
+def numpy_step(objective: NextTokenLoss, ids: np.ndarray, parameters: list):
+    """Zero the gradients (a cached parameter list, as an optimizer holds it), forward,
+    cross-entropy, backward."""
+    for parameter in parameters:
+        parameter.grad.fill(0.0)
+    loss, cache = objective.forward(ids)
+    objective.backward(1.0, cache)
+    return loss
+
+
+def torch_step(mirror, ids, parameters: list, set_to_none: bool = True):
+    """The same in torch: gradients set to None (torch's default, the cheaper) or zeroed."""
+    import torch.nn.functional as F
+
+    for parameter in parameters:
+        if set_to_none:
+            parameter.grad = None
+        elif parameter.grad is not None:
+            parameter.grad.zero_()
+    logits = mirror(ids)
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                           ids[:, 1:].reshape(-1))
+    loss.backward()
+    return loss
+
+
+def time_size(size: str, dtype: str, repeats: int) -> dict:
+    import torch
+
+    model = GPT(config_for(size), rng=0, dtype=DTYPES[dtype])
+    mirror = torch_mirror(model)
+    ids = batch_ids(size)
+    ids_t = torch.from_numpy(ids)
+    max_diff = check_agreement(model, mirror, ids)
+    objective = NextTokenLoss(model)
+    ours, theirs = model.parameters(), list(mirror.parameters())
+    loss_numpy = float(numpy_step(objective, ids, ours))
+    loss_torch = torch_step(mirror, ids_t, theirs).item()
+    if not np.isclose(loss_numpy, loss_torch, rtol=LOSS_RTOL[dtype]):
+        raise AssertionError(f"losses differ: numpy_tf {loss_numpy}, torch {loss_torch}")
+    result = {"size": size, "dtype": dtype, "repeats": repeats,
+              "logits_max_abs_diff": max_diff, "flops": step_flops(size)}
+    for name, first, second in (
+            ("forward", lambda: model.forward(ids), lambda: mirror(ids_t)),
+            ("step", lambda: numpy_step(objective, ids, ours),
+             lambda: torch_step(mirror, ids_t, theirs))):
+        gc.collect()
+        numpy_times, torch_times = interleaved(first, second, repeats)
+        result[name] = {"numpy_tf": statistics.median(numpy_times),
+                        "torch": statistics.median(torch_times),
+                        "numpy_tf_min": min(numpy_times), "torch_min": min(torch_times)}
+        result[name]["ratio"] = result[name]["numpy_tf"] / result[name]["torch"]
+        result[name]["ratio_of_minima"] = min(numpy_times) / min(torch_times)
+    return result
+
+
+
+def time_decoding(size: str, dtype: str, length: int = 256, batch: int = 1) -> dict:
+    """Greedy decoding from a one-token prompt to `length` positions: with the KV cache (one
+    position per step) and recomputing the whole prefix every step; tokens per second each."""
+    model = GPT(config_for(size, max_context=length), rng=0, dtype=DTYPES[dtype])
+    prompt = batch_ids(size)[:batch, :1]
+    new_tokens = length - 1
+    result = {"size": size, "dtype": dtype, "length": length, "batch": batch}
+    outputs = {}
+    for name, use_cache in (("cache", True), ("recompute", False)):
+        start = time.perf_counter()
+        outputs[name] = generate(model, prompt, new_tokens, temperature=0.0,
+                                 use_cache=use_cache)
+        seconds = time.perf_counter() - start
+        result[name] = {"seconds": seconds, "tokens_per_s": batch * new_tokens / seconds}
+    result["same_tokens"] = bool(np.array_equal(outputs["cache"], outputs["recompute"]))
+    result["speedup"] = result["cache"]["tokens_per_s"] / result["recompute"]["tokens_per_s"]
+    return result
+
+
+def time_gradcheck(fast_repeats: int = 20) -> dict:
+    """The full (every parameter) and fast (random directions) finite-difference checks of the
+    seed material's tiny GPT (7,232 parameters) on the tiny batch, float64."""
+    model = GPT(GPTConfig.tiny(), rng=0)
+    objective = NextTokenLoss(model)
+    ids = batch_ids("tiny")
+    start = time.perf_counter()
+    full = gradcheck_module(objective, ids, fast=False)
+    full_seconds = time.perf_counter() - start
+    fast_times = []
+    for seed in range(fast_repeats):
+        start = time.perf_counter()
+        fast = gradcheck_module(objective, ids, fast=True, seed=seed)
+        fast_times.append(time.perf_counter() - start)
+        assert fast.passed, str(fast)
+    return {"parameters": model.num_parameters(), "ids_shape": list(ids.shape),
+            "full_seconds": full_seconds, "full_passed": full.passed,
+            "full_max_norm_rel_error": full.max_norm_rel_error,
+            "fast_seconds": statistics.median(fast_times), "fast_directions": 3}
+
+
+# -- memory ---------------------------------------------------------------------------------------
+def _status(field: str) -> int:
+    """A /proc/self/status field in bytes (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _rss_peak_of(function) -> int:
+    """Peak resident bytes during function() above the resident bytes before it (the peak
+    counter VmHWM is reset through /proc/self/clear_refs)."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    before = _status("VmRSS")
+    function()
+    return _status("VmHWM") - before
+
+
+def memory_size(size: str, dtype: str) -> dict:
+    import torch
+
+    model = GPT(config_for(size), rng=0, dtype=DTYPES[dtype])
+    objective = NextTokenLoss(model)
+    mirror = torch_mirror(model)
+    ids = batch_ids(size)
+    ids_t = torch.from_numpy(ids)
+    ours, theirs = model.parameters(), list(mirror.parameters())
+    numpy_step(objective, ids, ours)                            # warm: BLAS buffers
+    torch_step(mirror, ids_t, theirs, set_to_none=False)        # warm, and .grad allocated
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    start = tracemalloc.get_traced_memory()[0]
+    numpy_step(objective, ids, ours)
+    traced = tracemalloc.get_traced_memory()[1] - start
+    tracemalloc.stop()
+    return {"size": size, "dtype": dtype,
+            "parameter_bytes": sum(p.data.nbytes for p in model.parameters()),
+            "numpy_tf_tracemalloc": traced,
+            "numpy_tf_rss": _rss_peak_of(lambda: numpy_step(objective, ids, ours)),
+            "torch_rss": _rss_peak_of(lambda: torch_step(mirror, ids_t, theirs,
+                                                         set_to_none=False))}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.worker")
+    parser.add_argument("task", choices=("timing", "memory"))
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--sizes", default="tiny,small,medium,large")
+    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--decode-sizes", default="")
+    parser.add_argument("--gradcheck", action="store_true")
+    args = parser.parse_args(argv)
+    sizes, dtypes = args.sizes.split(","), args.dtypes.split(",")
+    for size in sizes:
+        if size not in SIZES:
+            parser.error(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    result = {"task": args.task, "environment": pin_threads(args.threads), "runs": []}
+    if args.task == "memory":
+        result["runs"] = [memory_size(size, dtype) for size in sizes for dtype in dtypes]
+    else:
+        result["gemm_peak"] = {dtype: gemm_peak(dtype) for dtype in dtypes}
+        for size in sizes:
+            for dtype in dtypes:
+                repeats = args.repeats or DEFAULT_REPEATS[size]
+                result["runs"].append(time_size(size, dtype, repeats))
+                print(f"  {args.threads} thread(s) {size} {dtype} done", file=sys.stderr)
+        result["decoding"] = [time_decoding(size, dtype) for size in
+                              filter(None, args.decode_sizes.split(",")) for dtype in dtypes]
+        if args.gradcheck:
+            result["gradcheck"] = time_gradcheck()
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
