@@ -124,3 +124,16 @@ def test_a_caller_writing_into_an_output_falls_back_to_whole_forwards():
     x = np.random.default_rng(3).standard_normal((2, 3))
     replayed, plain = _full_reports(_WritesIntoItsChild(), x)
     assert replayed == plain and replayed["passed"]
+
+
+def test_a_gradient_that_is_exactly_zero_is_marked_and_kept_out_of_the_summary():
+    """Softmax ignores a shift shared by all keys, so the key projection's bias has a zero
+    gradient: its finite differences are pure noise and its norm ratio means nothing."""
+    from numpy_tf import MultiHeadAttention
+    layer = MultiHeadAttention(6, 2, num_kv_heads=1, bias=True, rng=1)
+    x = np.random.default_rng(2).standard_normal((2, 3, 6))
+    report = gradcheck_module(layer, x)
+    rows = {row.name: row for row in report.rows}
+    assert report.passed and rows["k_proj.bias"].zero
+    assert not any(row.zero for name, row in rows.items() if name != "k_proj.bias")
+    assert report.max_norm_rel_error < 1e-7
