@@ -95,10 +95,12 @@ class DecoderBlock(Module):
         if self.norm_first:
             h, norm1 = self.norm1.forward(x)                        # (B, T, C)
             a, attention = attend(h)
-            u = x + a
+            # the residual sums go into a and f, the projections' fresh outputs (no cache
+            # holds them): one (B, T, C) array fewer each
+            u = np.add(x, a, out=a)                                 # x + a
             h, norm2 = self.norm2.forward(u)
             f, ff = self.feedforward.forward(h)
-            y = u + f
+            y = np.add(u, f, out=f)                                 # u + f
         else:
             a, attention = attend(x)
             u, norm1 = self.norm1.forward(x + a)
@@ -110,10 +112,11 @@ class DecoderBlock(Module):
         """The forward in exact reverse. A residual x + g(x) passes its gradient straight
         through and adds g's input gradient."""
         if self.norm_first:
-            du = dy + self.norm2.backward(self.feedforward.backward(dy, cache.feedforward),
-                                          cache.norm2)
-            dx = du + self.norm1.backward(self.attention.backward(du, cache.attention),
-                                          cache.norm1)
+            du = self.norm2.backward(self.feedforward.backward(dy, cache.feedforward),
+                                     cache.norm2)
+            du += dy                        # in place: LayerNorm's backward returns a fresh dx
+            dx = self.norm1.backward(self.attention.backward(du, cache.attention), cache.norm1)
+            dx += du
         else:
             ds = self.norm2.backward(dy, cache.norm2)               # d(u + f)
             du = ds + self.feedforward.backward(ds, cache.feedforward)
