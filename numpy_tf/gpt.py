@@ -95,12 +95,10 @@ class DecoderBlock(Module):
         if self.norm_first:
             h, norm1 = self.norm1.forward(x)                        # (B, T, C)
             a, attention = attend(h)
-            # the residual sums go into a and f, the projections' fresh outputs (no cache
-            # holds them): one (B, T, C) array fewer each
-            u = np.add(x, a, out=a)                                 # x + a
+            u = x + a
             h, norm2 = self.norm2.forward(u)
             f, ff = self.feedforward.forward(h)
-            y = np.add(u, f, out=f)                                 # u + f
+            y = u + f
         else:
             a, attention = attend(x)
             u, norm1 = self.norm1.forward(x + a)
