@@ -110,10 +110,11 @@ class DecoderBlock(Module):
         """The forward in exact reverse. A residual x + g(x) passes its gradient straight
         through and adds g's input gradient."""
         if self.norm_first:
-            du = dy + self.norm2.backward(self.feedforward.backward(dy, cache.feedforward),
-                                          cache.norm2)
-            dx = du + self.norm1.backward(self.attention.backward(du, cache.attention),
-                                          cache.norm1)
+            du = self.norm2.backward(self.feedforward.backward(dy, cache.feedforward),
+                                     cache.norm2)
+            du += dy                        # in place: LayerNorm's backward returns a fresh dx
+            dx = self.norm1.backward(self.attention.backward(du, cache.attention), cache.norm1)
+            dx += du
         else:
             ds = self.norm2.backward(dy, cache.norm2)               # d(u + f)
             du = ds + self.feedforward.backward(ds, cache.feedforward)

@@ -27,6 +27,12 @@ def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = 
     validate.last_dim("x", x, weight.shape[1], "the weight's IN")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias must have shape ({weight.shape[0]},); got {bias.shape}")
+    return _linear(x, weight, bias)
+
+
+def _linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
+    """linear_forward's computation, for callers that have checked its arguments (the Linear
+    class checks x against its own Parameters once)."""
     out = x.reshape(-1, x.shape[-1]) @ weight.T                     # (N, OUT)
     if bias is not None:
         out += bias
@@ -73,7 +79,10 @@ class Linear(Module):
             if bias else None
 
     def forward(self, x):
-        return linear_forward(x, self.weight.data, None if self.bias is None else self.bias.data)
+        validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
+        validate.same_dtype(weight=self.weight.data, x=x)     # the bias has the weight's dtype
+        validate.last_dim("x", x, self.in_features, "in_features")
+        return _linear(x, self.weight.data, None if self.bias is None else self.bias.data)
 
     def backward(self, dout, cache):
         dx, dweight, dbias = linear_backward(dout, cache)

@@ -84,6 +84,8 @@ class HeadAttention(Module):
         raise NotImplementedError
 
     def _project_backward(self, dq, dk, dv, caches, inputs):
+        """The projections' backward from the head gradients dq (B, H, Tq, d) and dk, dv
+        (B, G, Tk, d) (None with static_kv); returns what backward returns."""
         raise NotImplementedError
 
     @property
@@ -155,10 +157,8 @@ class HeadAttention(Module):
             if cache.rope[1] is not None:
                 dk = rope_backward(dk, cache.rope[1])
         if cache.static:
-            return self._project_backward(merge_heads(dq), None, None, cache.projections,
-                                          cache.inputs)
-        return self._project_backward(merge_heads(dq), merge_heads(dk), merge_heads(dv),
-                                      cache.projections, cache.inputs)
+            dk = dv = None
+        return self._project_backward(dq, dk, dv, cache.projections, cache.inputs)
 
 
 def _gradients(inputs: str, dquery, dkey, dvalue):
@@ -207,11 +207,11 @@ class MultiHeadAttention(HeadAttention):
         return q, k, v, (q_cache, k_cache, v_cache)
 
     def _project_backward(self, dq, dk, dv, caches, inputs):
-        dquery = self.q_proj.backward(dq, caches[0])
+        dquery = self.q_proj.backward(merge_heads(dq), caches[0])
         if dk is None:
             return _gradients(inputs, dquery, None, None)
-        return _gradients(inputs, dquery, self.k_proj.backward(dk, caches[1]),
-                          self.v_proj.backward(dv, caches[2]))
+        return _gradients(inputs, dquery, self.k_proj.backward(merge_heads(dk), caches[1]),
+                          self.v_proj.backward(merge_heads(dv), caches[2]))
 
 
 class FusedAttention(HeadAttention):
@@ -250,7 +250,14 @@ class FusedAttention(HeadAttention):
         return q, k, v, cache
 
     def _project_backward(self, dq, dk, dv, caches, inputs):
-        return self.qkv.backward(np.concatenate([dq, dk, dv], axis=-1), caches)
+        """Each head gradient is merged straight into its third of the qkv output's gradient
+        (B, T, 3C): one copy each, no concatenation of merged copies."""
+        batch, _, length, _ = dq.shape
+        width = self.width
+        dqkv = np.empty((batch, length, 3 * width), dq.dtype)            # (B, T, 3C)
+        for part, dheads in enumerate((dq, dk, dv)):
+            split_heads(dqkv[..., part * width:(part + 1) * width], self.num_heads)[...] = dheads
+        return self.qkv.backward(dqkv, caches)
 
 
 class TorchMultiheadAttention(HeadAttention):
@@ -325,7 +332,7 @@ class TorchMultiheadAttention(HeadAttention):
             if d is None:
                 grads.append(None)
                 continue
-            dx, dweight, dbias = linear_backward(d, c)
+            dx, dweight, dbias = linear_backward(merge_heads(d), c)
             self.in_proj_weight.grad[part] += dweight
             if self.in_proj_bias is not None:
                 self.in_proj_bias.grad[part] += dbias

@@ -88,7 +88,12 @@ def layernorm_forward(x: np.ndarray, weight: np.ndarray | None = None,
                       bias: np.ndarray | None = None, eps: float = 1e-5):
     """out = weight * x_hat + bias, x_hat = (x - mean) / sqrt(var + eps), over the last axis,
     biased variance, as torch.nn.functional.layer_norm. x (..., C) -> out (..., C)."""
-    eps = _check_row_input(x, weight, bias, eps)
+    return _layernorm(x, weight, bias, _check_row_input(x, weight, bias, eps))
+
+
+def _layernorm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float):
+    """layernorm_forward's computation, for callers that have checked its arguments (the
+    LayerNorm class checks x against its own Parameters once)."""
     mean = _row_mean(x)                                             # (..., 1)
     centered = x - mean                                             # (..., C)
     var = _row_mean_of_product(centered, centered)                  # (..., 1) divides by C
@@ -215,8 +220,9 @@ class LayerNorm(Module):
     def forward(self, x):
         validate.float_array("x", x, min_ndim=1, shape="(..., C)")
         validate.last_dim("x", x, self.normalized_shape, "normalized_shape")
-        return layernorm_forward(x, None if self.weight is None else self.weight.data,
-                                 None if self.bias is None else self.bias.data, self.eps)
+        weight = None if self.weight is None else self.weight.data
+        validate.same_dtype(weight=weight, x=x)     # the bias has the weight's dtype
+        return _layernorm(x, weight, None if self.bias is None else self.bias.data, self.eps)
 
     def backward(self, dout, cache):
         dx, dweight, dbias = layernorm_backward(dout, cache)
