@@ -1,9 +1,9 @@
 """Hugging Face's side of the SmolLM2-135M comparison: LlamaForCausalLM with the GGUF file's
 weights, dequantised by transformers' own GGUF loader (never by numpy_tf).
 
-    python reference/smollm2.py PATH.gguf ["The capital of France is"]
+    python reference/smollm2.py PATH.gguf 504,3575,282,4649,314
 
-prints HF's greedy continuation. tests/test_smollm2.py imports `hf_model` to compare numpy_tf's
+prints HF's greedy continuation of those token ids ("The capital of France is"). tests/test_smollm2.py imports `hf_model` to compare numpy_tf's
 logits (float32 and float64), greedy tokens and every parameter gradient with it. Nothing here
 is committed as a fixture: the float64 gradient alone is 1 GB.
 
@@ -50,14 +50,11 @@ def greedy(model, ids: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 def main() -> int:
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: F401
-
-    path, prompt = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else
-                                 "The capital of France is")
-    from tokenizers import Tokenizer  # noqa: F401  (HF's tokenizer from the GGUF is not used)
-    model = hf_model(path)
-    print(model.config)
-    print("pass token ids to greedy(); see tests/test_smollm2.py", prompt)
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    ids = torch.tensor([[int(token) for token in sys.argv[2].split(",")]])
+    print(greedy(hf_model(sys.argv[1]), ids, 32)[0].tolist())
     return 0
 
 
