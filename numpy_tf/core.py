@@ -78,23 +78,21 @@ class Parameter:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"
 
 
-_RECORDERS: list["Recorder"] = []      # the active recorders (see record_activations)
+def _recorded(module: "Module", kind: str, recorder: "Recorder"):
+    """module's bound forward or backward, wrapped so that `recorder` sees its output (forward)
+    or the gradient it was given (backward). record_activations sets these wrappers on the
+    modules' instances for the length of its `with` block only: outside it, a call costs
+    nothing extra and holds no extra reference to its arguments."""
+    method = getattr(module, kind)
 
-
-def _recorded(method, kind: str):
-    """Wrap a Module's forward or backward so an active Recorder sees its output (forward) or
-    the gradient it was given (backward). With no recorder active this costs one list check."""
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        if _RECORDERS and kind == "backward":          # the gradient arriving, at entry
-            for recorder in _RECORDERS:
-                recorder.record(kind, self, args[0])
-        result = method(self, *args, **kwargs)
-        if _RECORDERS and kind == "forward":           # the output leaving, at exit
-            for recorder in _RECORDERS:
-                recorder.record(kind, self, result[0])
+    def wrapper(*args, **kwargs):
+        if kind == "backward":                          # the gradient arriving, at entry
+            recorder.record(kind, module, args[0])
+        result = method(*args, **kwargs)
+        if kind == "forward":                           # the output leaving, at exit
+            recorder.record(kind, module, result[0])
         return result
-    wrapper.__recorded__ = True
     return wrapper
 
 
@@ -105,13 +103,6 @@ class Module:
     attributes. Like torch, a module lists its own Parameters before those of its children,
     each group in assignment order.
     """
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        for kind in ("forward", "backward"):
-            method = cls.__dict__.get(kind)
-            if method is not None and not getattr(method, "__recorded__", False):
-                setattr(cls, kind, _recorded(method, kind))
 
     def __init__(self, dtype=np.float64):
         self.dtype = float_dtype(dtype)
@@ -260,16 +251,12 @@ class Recorder:
         self.names = {id(module): name for name, module in model.named_modules() if name}
         self.activations: dict[str, np.ndarray] = {}
         self.gradients: dict[str, np.ndarray] = {}
-        self._last: dict[tuple, object] = {}
         self._open: dict[int, list[str]] = {}      # per module, forward keys not yet undone
 
     def record(self, kind: str, module: "Module", value) -> None:
         name = self.names.get(id(module))
         if name is None or not isinstance(value, np.ndarray):
             return
-        if self._last.get((kind, id(module))) is value:
-            return                          # the same call seen again (a super().forward)
-        self._last[(kind, id(module))] = value
         store = self.activations if kind == "forward" else self.gradients
         open_keys = self._open.setdefault(id(module), [])
         if kind == "backward" and open_keys:
@@ -289,14 +276,27 @@ class record_activations:
     recorder.activations and recorder.gradients hold every module's output and its gradient."""
 
     def __init__(self, model: Module):
+        self.model = model
         self.recorder = Recorder(model)
+        self._before: list[tuple[Module, str, object]] = []   # what each module had set
 
     def __enter__(self) -> Recorder:
-        _RECORDERS.append(self.recorder)
+        modules = {id(module): module for name, module in self.model.named_modules() if name}
+        for module in modules.values():
+            for kind in ("forward", "backward"):
+                if not hasattr(module, kind):       # a ModuleList: nothing to record
+                    continue
+                self._before.append((module, kind, vars(module).get(kind)))
+                setattr(module, kind, _recorded(module, kind, self.recorder))
         return self.recorder
 
     def __exit__(self, *exc) -> None:
-        _RECORDERS.remove(self.recorder)
+        for module, kind, before in reversed(self._before):
+            if before is None:
+                del vars(module)[kind]          # the class's method shows through again
+            else:
+                setattr(module, kind, before)   # an outer recorder's wrapper
+        self._before.clear()
 
 
 class ModuleList(Module):

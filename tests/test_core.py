@@ -179,3 +179,21 @@ def test_record_activations_pairs_each_backward_with_its_forward():
     np.testing.assert_array_equal(recorder.activations["blocks.0.0#2"], second)
     np.testing.assert_array_equal(recorder.gradients["blocks.0.0#2"], g_second)
     np.testing.assert_array_equal(recorder.gradients["blocks.0.0"], g_first)
+
+
+def test_record_activations_nests_and_leaves_the_modules_as_they_were():
+    from numpy_tf.core import record_activations
+
+    model = Tied()
+    x = np.random.default_rng(4).standard_normal((2, 3))
+    block = model.blocks[0]
+    with record_activations(model) as outer:
+        with record_activations(model) as inner:
+            block.forward(x)
+        block.forward(x)                            # the inner recorder has stopped
+    assert list(inner.activations) == ["blocks.0.0", "blocks.0.1", "blocks.0.2", "blocks.0"]
+    assert len(outer.activations) == 8 and "blocks.0#2" in outer.activations
+    np.testing.assert_array_equal(outer.activations["blocks.0#2"], block.forward(x)[0])
+    # no wrapper is left on any instance: the classes' own methods run again
+    assert not [name for name, module in model.named_modules()
+                if {"forward", "backward"} & set(vars(module))]
