@@ -189,6 +189,7 @@ class GPT(Module):
     def backward(self, dlogits, cache: GPTCache):
         """The forward in exact reverse; returns None (integer ids have no gradient)."""
         dx = self.output.backward(dlogits, cache.output)
+        del dlogits                 # (B, T, V), often the largest array: not held any longer
         dx = self.final_norm.backward(dx, cache.final_norm)
         for block, block_cache in zip(reversed(list(self.blocks)), reversed(cache.blocks)):
             dx = block.backward(dx, block_cache)

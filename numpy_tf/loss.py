@@ -23,7 +23,10 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 class CrossEntropyCache(NamedTuple):
-    probs: np.ndarray           # (..., C) softmax(logits)
+    logits: np.ndarray          # (..., C) the input: backward recomputes the softmax from it
+    row_max: np.ndarray         # (..., 1) max_c z_c
+    log_sum: np.ndarray         # (..., 1) log sum_c exp(z_c - max), so that
+                                # softmax(z) = exp((z - max) - log_sum), as torch's log_softmax
     targets: np.ndarray         # (...) class ids, ignored positions set to 0
     keep: np.ndarray            # (...) bool, False where the target is ignore_index
     count: int                  # the number of kept targets (the "mean" divisor)
@@ -55,14 +58,17 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
 
     keep = targets != ignore_index
     safe_targets = np.where(keep, targets, 0)
-    shifted = logits - logits.max(axis=-1, keepdims=True)          # (..., C)
-    exp = np.exp(shifted)
-    sum_exp = exp.sum(axis=-1, keepdims=True)                      # (..., 1)
-    log_norm = np.log(sum_exp)[..., 0]                             # (...)
-    picked = _at_targets(shifted, safe_targets) - log_norm         # l_y = shifted_y - log_norm
+    row_max = np.maximum.reduce(logits, axis=-1, keepdims=True)        # (..., 1)
+    shifted = logits - row_max                                          # (..., C)
+    picked = _at_targets(shifted, safe_targets)                         # z_y - max
+    if label_smoothing:
+        shifted_sum = np.add.reduce(shifted, axis=-1)                   # sum_c (z_c - max)
+    exp = np.exp(shifted, out=shifted)                                  # in place
+    log_sum = np.log(np.add.reduce(exp, axis=-1, keepdims=True))        # (..., 1)
+    picked -= log_sum[..., 0]                                           # l_y
     losses = -(1.0 - label_smoothing) * picked
-    if label_smoothing:                                            # sum_c l_c
-        losses -= (label_smoothing / classes) * (shifted - log_norm[..., None]).sum(axis=-1)
+    if label_smoothing:                                                 # sum_c l_c
+        losses -= (label_smoothing / classes) * (shifted_sum - classes * log_sum[..., 0])
     losses = np.where(keep, losses, 0.0).astype(logits.dtype, copy=False)
     count = int(keep.sum())
     if reduction == "none":
@@ -71,8 +77,8 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
         loss = losses.sum()
     else:
         loss = losses.sum() / max(count, 1)
-    exp /= sum_exp                                                 # softmax, in place
-    cache = CrossEntropyCache(exp, safe_targets, keep, count, label_smoothing, reduction)
+    cache = CrossEntropyCache(logits, row_max, log_sum, safe_targets, keep, count,
+                              label_smoothing, reduction)
     return np.asarray(loss, dtype=logits.dtype), cache
 
 
@@ -85,22 +91,30 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache) -> np.ndarray:
     Ignored positions get 0. "mean" scales by 1 / count (0 if nothing is kept), "sum" by 1,
     "none" by each position's own upstream gradient. `dloss` is the upstream gradient of the
     loss (1.0 when the loss is the final objective).
+
+    Cached: the logits themselves (the caller keeps them anyway), and per row the max and
+    log_sum, from which p = exp((z - max) - log_sum) is recomputed here: one exp instead of a
+    kept (..., C) array. Subtracting the max first, then log_sum, is torch's log_softmax order;
+    z - (max + log_sum) would round the sum first, and with logits of 1e4 in float32 that
+    rounding alone (5e-4) would be the error of every p.
     """
-    probs, targets, keep, count, smoothing, reduction = cache
-    classes = probs.shape[-1]
-    dlogits = probs.copy()                                              # (..., C)
+    logits, row_max, log_sum, targets, keep, count, smoothing, reduction = cache
+    classes = logits.shape[-1]
+    dlogits = logits - row_max                                          # (..., C)
+    dlogits -= log_sum
+    np.exp(dlogits, out=dlogits)                                        # p = softmax(z)
     rows = dlogits.reshape(-1, classes)                                 # a view: contiguous
     rows[np.arange(len(rows)), targets.reshape(-1)] -= 1.0 - smoothing
     if smoothing:
         dlogits -= smoothing / classes
-    dloss = np.asarray(dloss, dtype=probs.dtype)
+    dloss = np.asarray(dloss, dtype=logits.dtype)
     if reduction == "none":
         scale = np.where(keep, dloss, 0.0)
     elif reduction == "sum":
         scale = np.where(keep, dloss, 0.0)
     else:
         scale = np.where(keep, dloss / count if count else 0.0, 0.0)
-    dlogits *= scale[..., None].astype(probs.dtype, copy=False)
+    dlogits *= scale[..., None].astype(logits.dtype, copy=False)
     return dlogits
 
 
