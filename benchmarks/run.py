@@ -1,7 +1,10 @@
 """numpy_tf against torch CPU eager: `python -m benchmarks` (see README.md, "Benchmarks").
 
-For each thread count one worker process times both libraries (benchmarks/worker.py) with the
-thread variables set in its environment before NumPy loads, and a second one measures memory
+For each thread count, worker processes (benchmarks/worker.py) time one library each, with the
+thread variables set in their environment before NumPy loads, alternating numpy_tf, torch,
+numpy_tf, torch, ... for --rounds rounds, so that load from other processes falls on both; the
+medians pool every round's runs. One library per process because the two disturb each other in
+a shared one (OpenBLAS's threads keep spinning after a product). A last process measures memory
 (with glibc returning freed buffers to the OS at once, so that the resident set follows what is
 live). The results go to benchmarks/results/latest.json and latest.md, and, with --readme, into
 README.md between the benchmark markers.
@@ -12,6 +15,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+LOSS_RTOL = {"float64": 1e-10, "float32": 1e-5}
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                     "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
@@ -35,6 +40,53 @@ def run_worker(task: str, threads: int, options: list[str]) -> dict:
         [sys.executable, "-m", "benchmarks.worker", task, "--threads", str(threads), *options],
         cwd=ROOT, env=environment, stdout=subprocess.PIPE, check=True, text=True)
     return json.loads(completed.stdout)
+
+
+def timing_rounds(threads: int, rounds: int, options: list[str], extra: list[str]) -> dict:
+    """Time numpy_tf and torch in alternating processes and pool their runs: the "timing"
+    record of one thread count (medians, minima, ratios; both GEMM peaks; decoding and the
+    gradient checks from the first numpy_tf process)."""
+    date, load = datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"), load_average()
+    pooled: dict[str, list[dict]] = {"numpy_tf": [], "torch": []}
+    for index in range(rounds):
+        for library in pooled:
+            more = extra if (library == "numpy_tf" and index == 0) else []
+            pooled[library].append(run_worker("timing", threads,
+                                              options + ["--library", library] + more))
+    first, theirs = pooled["numpy_tf"][0], pooled["torch"][0]
+    timing = {"environment": dict(first["environment"], torch=theirs["environment"]["torch"],
+                                  torch_threads=theirs["environment"]["torch_threads"]),
+              "rounds": rounds, "date": date, "load_before": load, "load_after": load_average(),
+              "gemm_peak": {dtype: {"numpy": max(w["gemm_peak"][dtype] for w in
+                                                 pooled["numpy_tf"]),
+                                    "torch": max(w["gemm_peak"][dtype] for w in
+                                                 pooled["torch"])}
+                            for dtype in first["gemm_peak"]},
+              "runs": []}
+    for key in ("decoding", "gradcheck"):
+        if key in first:
+            timing[key] = first[key]
+    for index, run in enumerate(first["runs"]):
+        ours = [w["runs"][index] for w in pooled["numpy_tf"]]
+        other = [w["runs"][index] for w in pooled["torch"]]
+        loss, loss_torch = run["loss"], other[0]["loss"]
+        if abs(loss - loss_torch) > LOSS_RTOL[run["dtype"]] * abs(loss_torch):
+            raise AssertionError(f"{run['size']} {run['dtype']}: losses differ: numpy_tf "
+                                 f"{loss}, torch {loss_torch}")
+        record = {"size": run["size"], "dtype": run["dtype"], "flops": run["flops"],
+                  "repeats": sum(r["repeats"] for r in ours), "loss": loss,
+                  "loss_torch": loss_torch,
+                  "logits_max_abs_diff": max(r["logits_max_abs_diff"] for r in other)}
+        for name in ("forward", "step"):
+            a = [t for r in ours for t in r[name]]
+            b = [t for r in other for t in r[name]]
+            record[name] = {"numpy_tf": statistics.median(a), "torch": statistics.median(b),
+                            "numpy_tf_min": min(a), "torch_min": min(b)}
+            record[name]["ratio"] = record[name]["numpy_tf"] / record[name]["torch"]
+            record[name]["ratio_of_minima"] = min(a) / min(b)
+        timing["runs"].append(record)
+    return timing
 
 
 def load_average() -> list[float] | None:
@@ -61,8 +113,11 @@ def markdown(results: dict) -> str:
              f"torch {results['torch']}; NumPy's BLAS: {results['blas']}; "
              f"OPENBLAS_CORETYPE={results['openblas_coretype']}, "
              f"OPENBLAS_L2_SIZE={results['openblas_l2_size']}.", ""]
-    lines += ["Times are medians (ms) of interleaved runs (numpy_tf, torch, numpy_tf, ...) after "
-              "warm-up; ratio = numpy_tf / torch (below 1: numpy_tf is faster); the ratio of "
+    rounds = results["timing"][0].get("rounds", 1)
+    lines += [f"Times are medians (ms) of {rounds} alternating rounds, each a numpy_tf process "
+              "and then a torch process timing its own runs after warm-up (one library per "
+              "process: OpenBLAS's threads keep spinning for ~0.1 s after a product and took a "
+              "core from torch when the two alternated in one process); ratio = numpy_tf / torch (below 1: numpy_tf is faster); the ratio of "
               "the fastest runs is shown too, as a check against load from other processes "
               "(it moves less when the machine is busy). The step is "
               "forward, cross-entropy and backward, no optimizer. GFLOP/s counts the matmul "
@@ -131,7 +186,9 @@ def main(argv=None) -> None:
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="timed repetitions per measurement (default: by size)")
+                        help="timed runs per measurement and process (default: by size)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="alternations numpy_tf, torch (each a process; default 2)")
     parser.add_argument("--decode-sizes", default="small,medium",
                         help="sizes whose KV-cache decoding is timed ('' for none)")
     parser.add_argument("--no-gradcheck", action="store_true")
@@ -154,11 +211,7 @@ def main(argv=None) -> None:
         if last and not args.no_gradcheck:
             extra.append("--gradcheck")
         print(f"timing at {count} thread(s) ...", file=sys.stderr)
-        date, load = datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"), load_average()
-        timing = run_worker("timing", count, options + extra)
-        timing.update(date=date, load_before=load, load_after=load_average())
-        results["timing"].append(timing)
+        results["timing"].append(timing_rounds(count, args.rounds, options, extra))
         if not args.no_memory:
             memory = run_worker("memory", count, options)
             results["memory"] += [dict(run, threads=count) for run in memory["runs"]]

@@ -1,12 +1,16 @@
 """One benchmark process at one thread count: `python -m benchmarks.worker TASK --threads N ...`
 prints one JSON object. The parent (benchmarks/run.py) sets the BLAS and OpenMP thread
 variables in this process's environment before NumPy is imported; here torch.set_num_threads
-and, when threadpoolctl is installed, threadpool_limits pin both libraries again and record
+and, when threadpoolctl is installed, threadpool_limits pin the libraries again and record
 which BLAS library and kernel NumPy runs.
 
 Tasks:
-  timing   forward and training-step times, interleaved numpy_tf / torch, medians; the GEMM
-           peak; KV-cache decoding; the finite-difference gradient checks
+  timing   with --library numpy_tf or torch: that library's forward and training-step times
+           after warm-up (every run's time, the parent takes medians), its GEMM peak and, for
+           numpy_tf, KV-cache decoding and the finite-difference gradient checks. One library
+           per process: after a product, OpenBLAS keeps its threads spinning for ~0.1 s, and
+           in a shared process those threads took a core from torch's next run (torch's step
+           measured up to 2x slower when the two alternated in one process at 2 threads).
   memory   the step's peak memory beyond the parameters and their gradient buffers: tracemalloc
            and peak-RSS deltas for numpy_tf, peak-RSS delta for torch (run with glibc's
            MALLOC_MMAP_THRESHOLD_ low, so a freed buffer leaves the resident set at once)
@@ -33,22 +37,23 @@ from numpy_tf.gradcheck import gradcheck_module
 from numpy_tf.objectives import NextTokenLoss
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
-DEFAULT_REPEATS = {"tiny": 200, "small": 15, "medium": 7, "large": 5}
-LOSS_RTOL = {"float64": 1e-10, "float32": 1e-5}
+DEFAULT_REPEATS = {"tiny": 100, "small": 8, "medium": 4, "large": 3}   # per process
 
 
-def pin_threads(threads: int) -> dict:
-    """Set both libraries to `threads` and say what NumPy's BLAS is."""
-    import torch
-
-    torch.set_num_threads(threads)
-    info = {"threads": threads, "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "numpy": np.__version__,
+def pin_threads(threads: int, with_torch: bool = True) -> dict:
+    """Set the libraries to `threads` and say what NumPy's BLAS is. torch is imported only
+    when this process runs it."""
+    info = {"threads": threads, "numpy": np.__version__,
             "python": platform.python_version(), "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
             "environment": {name: os.environ.get(name) for name in (
                 "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                 "OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+    if with_torch:
+        import torch
+
+        torch.set_num_threads(threads)
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
     except ImportError:
@@ -63,37 +68,35 @@ def pin_threads(threads: int) -> dict:
 
 
 # -- timing ---------------------------------------------------------------------------------------
-def interleaved(first, second, repeats: int, warmup: int = 2) -> tuple[list, list]:
-    """Times of first() and second() run alternately (A B A B ...), after `warmup` of each,
-    with Python's cyclic garbage collector paused while timing (as timeit does): a collection
-    would land on whichever call happened to cross its threshold."""
+def timed(function, repeats: int, warmup: int = 2) -> list[float]:
+    """The times of `repeats` calls of function(), after `warmup` untimed ones, with Python's
+    cyclic garbage collector paused while timing (as timeit does): a collection would land on
+    whichever call happened to cross its threshold."""
     for _ in range(warmup):
-        first()
-        second()
-    times_first, times_second = [], []
+        function()
+    times = []
     gc.collect()
     gc.disable()
     try:
         for _ in range(repeats):
-            for function, times in ((first, times_first), (second, times_second)):
-                start = time.perf_counter()
-                function()
-                times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            function()
+            times.append(time.perf_counter() - start)
     finally:
         gc.enable()
-    return times_first, times_second
+    return times
 
 
-def gemm_peak(dtype: str, n: int = 1024, repeats: int = 5) -> dict:
-    """The best GFLOP/s of an n x n x n matrix product, NumPy and torch each."""
-    import torch
-
+def gemm_peak(dtype: str, library: str, n: int = 1024, repeats: int = 5) -> float:
+    """The best GFLOP/s of an n x n x n matrix product in `library` (NumPy's BLAS for
+    numpy_tf)."""
     a = np.random.default_rng(0).standard_normal((n, n)).astype(dtype)
     b = np.random.default_rng(1).standard_normal((n, n)).astype(dtype)
-    ta, tb = torch.from_numpy(a.copy()), torch.from_numpy(b.copy())
-    numpy_times, torch_times = interleaved(lambda: a @ b, lambda: ta @ tb, repeats)
-    flops = 2.0 * n ** 3
-    return {"numpy": flops / min(numpy_times) / 1e9, "torch": flops / min(torch_times) / 1e9}
+    if library == "torch":
+        import torch
+
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+    return 2.0 * n ** 3 / min(timed(lambda: a @ b, repeats)) / 1e9
 
 
 def numpy_step(objective: NextTokenLoss, ids: np.ndarray, parameters: list):
@@ -122,35 +125,31 @@ def torch_step(mirror, ids, parameters: list, set_to_none: bool = True):
     return loss
 
 
-def time_size(size: str, dtype: str, repeats: int) -> dict:
-    import torch
-
+def time_size(size: str, dtype: str, repeats: int, library: str) -> dict:
+    """Forward and step times of one library; the loss of the step, which the parent compares
+    across the two processes; the torch process also checks that the two models' logits
+    agree (a numpy_tf forward, before any timing)."""
     model = GPT(config_for(size), rng=0, dtype=DTYPES[dtype])
-    mirror = torch_mirror(model)
     ids = batch_ids(size)
-    ids_t = torch.from_numpy(ids)
-    max_diff = check_agreement(model, mirror, ids)
-    objective = NextTokenLoss(model)
-    ours, theirs = model.parameters(), list(mirror.parameters())
-    loss_numpy = float(numpy_step(objective, ids, ours))
-    loss_torch = torch_step(mirror, ids_t, theirs).item()
-    if not np.isclose(loss_numpy, loss_torch, rtol=LOSS_RTOL[dtype]):
-        raise AssertionError(f"losses differ: numpy_tf {loss_numpy}, torch {loss_torch}")
-    result = {"size": size, "dtype": dtype, "repeats": repeats,
-              "logits_max_abs_diff": max_diff, "flops": step_flops(size)}
-    for name, first, second in (
-            ("forward", lambda: model.forward(ids), lambda: mirror(ids_t)),
-            ("step", lambda: numpy_step(objective, ids, ours),
-             lambda: torch_step(mirror, ids_t, theirs))):
-        gc.collect()
-        numpy_times, torch_times = interleaved(first, second, repeats)
-        result[name] = {"numpy_tf": statistics.median(numpy_times),
-                        "torch": statistics.median(torch_times),
-                        "numpy_tf_min": min(numpy_times), "torch_min": min(torch_times)}
-        result[name]["ratio"] = result[name]["numpy_tf"] / result[name]["torch"]
-        result[name]["ratio_of_minima"] = min(numpy_times) / min(torch_times)
-    return result
+    result = {"size": size, "dtype": dtype, "repeats": repeats, "flops": step_flops(size)}
+    if library == "numpy_tf":
+        objective, parameters = NextTokenLoss(model), model.parameters()
+        result["loss"] = float(numpy_step(objective, ids, parameters))
+        forward = lambda: model.forward(ids)                            # noqa: E731
+        step = lambda: numpy_step(objective, ids, parameters)           # noqa: E731
+    else:
+        import torch
 
+        mirror, ids_t = torch_mirror(model), torch.from_numpy(ids)
+        result["logits_max_abs_diff"] = check_agreement(model, mirror, ids)
+        parameters = list(mirror.parameters())
+        result["loss"] = torch_step(mirror, ids_t, parameters).item()
+        forward = lambda: mirror(ids_t)                                 # noqa: E731
+        step = lambda: torch_step(mirror, ids_t, parameters)            # noqa: E731
+    for name, function in (("forward", forward), ("step", step)):
+        gc.collect()
+        result[name] = timed(function, repeats)
+    return result
 
 
 def time_decoding(size: str, dtype: str, length: int = 256, batch: int = 1) -> dict:
@@ -243,6 +242,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.worker")
     parser.add_argument("task", choices=("timing", "memory"))
     parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--library", choices=("numpy_tf", "torch"), default="numpy_tf",
+                        help="the library a timing process runs")
     parser.add_argument("--sizes", default="tiny,small,medium,large")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--repeats", type=int, default=None)
@@ -253,20 +254,24 @@ def main(argv=None) -> None:
     for size in sizes:
         if size not in SIZES:
             parser.error(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
-    result = {"task": args.task, "environment": pin_threads(args.threads), "runs": []}
+    with_torch = args.task == "memory" or args.library == "torch"
+    result = {"task": args.task, "library": args.library,
+              "environment": pin_threads(args.threads, with_torch), "runs": []}
     if args.task == "memory":
         result["runs"] = [memory_size(size, dtype) for size in sizes for dtype in dtypes]
     else:
-        result["gemm_peak"] = {dtype: gemm_peak(dtype) for dtype in dtypes}
+        result["gemm_peak"] = {dtype: gemm_peak(dtype, args.library) for dtype in dtypes}
         for size in sizes:
             for dtype in dtypes:
                 repeats = args.repeats or DEFAULT_REPEATS[size]
-                result["runs"].append(time_size(size, dtype, repeats))
-                print(f"  {args.threads} thread(s) {size} {dtype} done", file=sys.stderr)
-        result["decoding"] = [time_decoding(size, dtype) for size in
-                              filter(None, args.decode_sizes.split(",")) for dtype in dtypes]
-        if args.gradcheck:
-            result["gradcheck"] = time_gradcheck()
+                result["runs"].append(time_size(size, dtype, repeats, args.library))
+                print(f"  {args.library}, {args.threads} thread(s): {size} {dtype} done",
+                      file=sys.stderr)
+        if args.library == "numpy_tf":
+            result["decoding"] = [time_decoding(size, dtype) for size in
+                                  filter(None, args.decode_sizes.split(",")) for dtype in dtypes]
+            if args.gradcheck:
+                result["gradcheck"] = time_gradcheck()
     json.dump(result, sys.stdout)
 
 
