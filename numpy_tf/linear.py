@@ -79,10 +79,12 @@ class Linear(Module):
             if bias else None
 
     def forward(self, x):
-        validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
-        validate.same_dtype(weight=self.weight.data, x=x)     # the bias has the weight's dtype
-        validate.last_dim("x", x, self.in_features, "in_features")
-        return _linear(x, self.weight.data, None if self.bias is None else self.bias.data)
+        weight = self.weight.data
+        if not validate.is_plain_input(x, weight.dtype, self.in_features):
+            validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
+            validate.same_dtype(weight=weight, x=x)           # the bias has the weight's dtype
+            validate.last_dim("x", x, self.in_features, "in_features")
+        return _linear(x, weight, None if self.bias is None else self.bias.data)
 
     def backward(self, dout, cache):
         dx, dweight, dbias = linear_backward(dout, cache)

@@ -218,10 +218,12 @@ class LayerNorm(Module):
             if elementwise_affine and bias else None
 
     def forward(self, x):
-        validate.float_array("x", x, min_ndim=1, shape="(..., C)")
-        validate.last_dim("x", x, self.normalized_shape, "normalized_shape")
         weight = None if self.weight is None else self.weight.data
-        validate.same_dtype(weight=weight, x=x)     # the bias has the weight's dtype
+        if not validate.is_plain_input(x, self.dtype if weight is None else weight.dtype,
+                                       self.normalized_shape):
+            validate.float_array("x", x, min_ndim=1, shape="(..., C)")
+            validate.last_dim("x", x, self.normalized_shape, "normalized_shape")
+            validate.same_dtype(weight=weight, x=x)     # the bias has the weight's dtype
         return _layernorm(x, weight, None if self.bias is None else self.bias.data, self.eps)
 
     def backward(self, dout, cache):

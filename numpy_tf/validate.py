@@ -35,6 +35,13 @@ def float_array(name: str, x, *, ndim=None, min_ndim: int | None = None, shape: 
     return x
 
 
+def is_plain_input(x, dtype: np.dtype, last: int) -> bool:
+    """The usual case, tested in one expression: x is an ndarray of `dtype` whose last axis
+    has `last` entries. A layer that gets False runs its full checks, which say what is wrong
+    (or let through what is merely unusual, such as an ndarray subclass)."""
+    return type(x) is np.ndarray and x.dtype == dtype and x.ndim > 0 and x.shape[-1] == last
+
+
 def same_dtype(**arrays) -> np.dtype:
     """All given arrays (None ones skipped) share one dtype; the message names the two that
     disagree."""
