@@ -28,9 +28,10 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
                     "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
-def run_worker(task: str, threads: int, options: list[str]) -> dict:
+def run_worker(task: str, threads: int, options: list[str], extra_env: dict | None = None) -> dict:
     environment = dict(os.environ)
     environment.update({name: str(threads) for name in THREAD_VARIABLES})
+    environment.update(extra_env or {})
     environment["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
     if task == "memory":
@@ -42,7 +43,8 @@ def run_worker(task: str, threads: int, options: list[str]) -> dict:
     return json.loads(completed.stdout)
 
 
-def timing_rounds(threads: int, rounds: int, options: list[str], extra: list[str]) -> dict:
+def timing_rounds(threads: int, rounds: int, options: list[str], extra: list[str],
+                  extra_env: dict | None = None) -> dict:
     """Time numpy_tf and torch in alternating processes and pool their runs: the "timing"
     record of one thread count (medians, minima, ratios; both GEMM peaks; decoding and the
     gradient checks from the first numpy_tf process)."""
@@ -53,7 +55,8 @@ def timing_rounds(threads: int, rounds: int, options: list[str], extra: list[str
         for library in pooled:
             more = extra if (library == "numpy_tf" and index == 0) else []
             pooled[library].append(run_worker("timing", threads,
-                                              options + ["--library", library] + more))
+                                              options + ["--library", library] + more,
+                                              extra_env))
     first, theirs = pooled["numpy_tf"][0], pooled["torch"][0]
     timing = {"environment": dict(first["environment"], torch=theirs["environment"]["torch"],
                                   torch_threads=theirs["environment"]["torch_threads"]),
@@ -112,7 +115,9 @@ def markdown(results: dict) -> str:
     lines = [f"Run on {results['machine']}: {loads}. numpy {results['numpy']}, "
              f"torch {results['torch']}; NumPy's BLAS: {results['blas']}; "
              f"OPENBLAS_CORETYPE={results['openblas_coretype']}, "
-             f"OPENBLAS_L2_SIZE={results['openblas_l2_size']}.", ""]
+             f"OPENBLAS_L2_SIZE={results['openblas_l2_size']}" +
+             "".join(f"; timed with {name}={value}" for name, value in
+                     results.get("extra_environment", {}).items()) + ".", ""]
     rounds = results["timing"][0].get("rounds", 1)
     lines += [f"Times are medians (ms) of {rounds} alternating rounds, each a numpy_tf process "
               "and then a torch process timing its own runs after warm-up (one library per "
@@ -193,6 +198,10 @@ def main(argv=None) -> None:
                         help="sizes whose KV-cache decoding is timed ('' for none)")
     parser.add_argument("--no-gradcheck", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for both libraries' timing processes "
+                             "(repeatable; recorded with the results), e.g. an allocator "
+                             "setting such as MALLOC_TRIM_THRESHOLD_=1000000000")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--readme", action="store_true", help="put the table into README.md")
     parser.add_argument("--merge", action="store_true",
@@ -200,18 +209,25 @@ def main(argv=None) -> None:
                              "(rerun one thread count when the machine was busy)")
     args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
+    extra_env = {}
+    for setting in args.env:
+        name, equals, value = setting.partition("=")
+        if not equals or not name:
+            parser.error(f"--env takes NAME=VALUE; got {setting!r}")
+        extra_env[name] = value
     options = ["--sizes", args.sizes, "--dtypes", args.dtypes]
     if args.repeats:
         options += ["--repeats", str(args.repeats)]
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"), "load_before": load_average(), "timing": [], "memory": []}
+        timespec="seconds"), "load_before": load_average(), "timing": [], "memory": [],
+        "extra_environment": extra_env}
     for index, count in enumerate(threads):
         last = index == len(threads) - 1
         extra = ["--decode-sizes", args.decode_sizes if last else ""]
         if last and not args.no_gradcheck:
             extra.append("--gradcheck")
         print(f"timing at {count} thread(s) ...", file=sys.stderr)
-        results["timing"].append(timing_rounds(count, args.rounds, options, extra))
+        results["timing"].append(timing_rounds(count, args.rounds, options, extra, extra_env))
         if not args.no_memory:
             memory = run_worker("memory", count, options)
             results["memory"] += [dict(run, threads=count) for run in memory["runs"]]
