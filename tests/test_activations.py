@@ -120,7 +120,7 @@ def test_gelu_backward_against_the_closed_form_including_zero():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gelu_backward_is_the_same_for_any_thread_count(monkeypatch, dtype):
-    x = (np.random.default_rng(6).standard_normal(300_000) * 3).astype(dtype)     # 3 blocks
+    x = (np.random.default_rng(6).standard_normal(300_000) * 3).astype(dtype)     # 10 blocks
     dout = np.random.default_rng(7).standard_normal(x.shape).astype(dtype)
     results = []
     for threads in ("1", "2"):

@@ -65,7 +65,7 @@ def test_shape_kept_including_empty_and_zero_d():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_thread_count_changes_nothing(monkeypatch, dtype):
-    x = (np.random.default_rng(0).standard_normal(300_000) * 3).astype(dtype)   # 3 blocks
+    x = (np.random.default_rng(0).standard_normal(300_000) * 3).astype(dtype)   # 10 blocks
     results = []
     for threads in ("1", "2", "3"):
         monkeypatch.setenv("NUMPY_TF_NUM_THREADS", threads)
