@@ -179,7 +179,7 @@ def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=Non
     return out, AttentionCache(q, k, v, probs, mask, scale)
 
 
-def attention_backward(dout: np.ndarray, cache: AttentionCache):
+def attention_backward(dout: np.ndarray, cache: AttentionCache, out=None):
     """Gradients of out = P v, P = softmax(S), S = s q k^T + M (s the scale), per group.
 
     1. out = W v with W = P (or P m with the dropout mask m):
@@ -197,14 +197,18 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache):
        The scale s multiplies the small products (Tq or Tk by d), not dS (Tq by Tk); the
        forward likewise scales q before q k^T.
     Cached: q, k, v and P (the probabilities are also what a student looks at) and the
-    dropout mask; nothing else is needed. Returns (dq, dk, dv).
+    dropout mask; nothing else is needed. Returns (dq, dk, dv); with `out`, three arrays shaped
+    like q, k and v (views of a fused projection's gradient, say), they are written there and
+    returned.
     """
     q, k, v, probs, mask, scale = cache
     batch, heads, tq, width = q.shape
     groups, tk = k.shape[1], k.shape[2]
     weights = probs if mask is None else probs * mask
+    out_q, out_k, out_v = out if out is not None else (None, None, None)
     dout_grouped = _grouped(dout, groups)                               # (B, G, r Tq, dv)
-    dv = _grouped(weights, groups).swapaxes(-1, -2) @ dout_grouped      # (B, G, Tk, dv)
+    dv = np.matmul(_grouped(weights, groups).swapaxes(-1, -2), dout_grouped,
+                   out=out_v)                                           # (B, G, Tk, dv)
     dprobs = (dout_grouped @ v.swapaxes(-1, -2)).reshape(batch, heads, tq, tk)
     if mask is not None:
         dprobs *= mask
@@ -212,9 +216,16 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache):
     dscores -= np.einsum("bhij,bhij->bhi", dprobs, probs)[..., None]   # sum_j dP_ij P_ij
     dscores *= probs                                                    # dS (B, H, Tq, Tk)
     dscores_grouped = _grouped(dscores, groups)                         # (B, G, r Tq, Tk)
-    dq = (dscores_grouped @ k).reshape(batch, heads, tq, width)         # (B, H, Tq, d)
+    if groups == heads:
+        dq = np.matmul(dscores, k, out=out_q)                           # (B, H, Tq, d)
+    else:
+        dq = (dscores_grouped @ k).reshape(batch, heads, tq, width)
+        if out_q is not None:
+            out_q[...] = dq
+            dq = out_q
     dq *= scale
-    dk = dscores_grouped.swapaxes(-1, -2) @ _grouped(q, groups)         # (B, G, Tk, d)
+    dk = np.matmul(dscores_grouped.swapaxes(-1, -2), _grouped(q, groups),
+                   out=out_k)                                           # (B, G, Tk, d)
     dk *= scale
     return dq, dk, dv
 

@@ -249,6 +249,22 @@ class FusedAttention(HeadAttention):
         q, k, v = qkv[..., :width], qkv[..., width:2 * width], qkv[..., 2 * width:]
         return q, k, v, cache
 
+    def backward(self, dout, cache: AttentionLayerCache):
+        """As HeadAttention.backward. Without RoPE or a KV cache, attention_backward writes
+        the head gradients straight into their thirds of the qkv output's gradient (B, T, 3C)
+        (each head's (T, d) block is a strided matrix BLAS writes in place): dq, dk and dv
+        are never arrays of their own, and nothing is copied."""
+        if cache.rope is not None or cache.past_length:
+            return super().backward(dout, cache)
+        dheads = split_heads(self.output.backward(dout, cache.output), self.num_heads)
+        batch, _, length, _ = dheads.shape
+        width = self.width
+        dqkv = np.empty((batch, length, 3 * width), dheads.dtype)            # (B, T, 3C)
+        thirds = tuple(split_heads(dqkv[..., part * width:(part + 1) * width], self.num_heads)
+                       for part in range(3))
+        attention_backward(dheads, cache.attention, out=thirds)
+        return self.qkv.backward(dqkv, cache.projections)
+
     def _project_backward(self, dq, dk, dv, caches, inputs):
         """Each head gradient is merged straight into its third of the qkv output's gradient
         (B, T, 3C): one copy each, no concatenation of merged copies."""
