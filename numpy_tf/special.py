@@ -22,8 +22,10 @@ activation, and each extra NumPy pass over the array costs as much as a term of 
 Its exponent is split as for float64 (exp(-s^2) exp(P(t) - (y - s)(y + s))): y^2 rounded to
 float32 would otherwise cost up to 4e-6 relative at y = 8.
 
-Each region's formula runs only on the elements in that region (gathered with a boolean mask),
-and the array is processed in cache-sized blocks.
+Each region's formula runs on the elements in that region, gathered by index, except that when
+most of a block lies near zero the small-|x| formula runs on the whole block (cheaper than the
+gather and scatter) and the other regions overwrite their elements; the array is processed in
+cache-sized blocks.
 """
 from __future__ import annotations
 
@@ -189,22 +191,33 @@ def _erfc_of_signed(tail: np.ndarray, x: np.ndarray) -> np.ndarray:
 def _erf_block(x: np.ndarray, complement: bool) -> np.ndarray:
     """erf(x), or erfc(x) if `complement`, of one flat block.
 
-    Each region's formula runs on that region's elements only, gathered by index (a boolean
-    mask's gather and scatter cost several times more when the regions interleave at random);
-    NaN falls in the tail region and stays NaN. float32 erfc needs no regions: one formula
-    holds for every |x|."""
+    Each region's formula runs on that region's elements, gathered by index (a boolean mask's
+    gather and scatter cost several times more when the regions interleave at random), but
+    when at least half the block lies in the small region its formula runs on the whole block:
+    GELU's float64 forward on N(0, 0.3^2) inputs took 30.9 ms per 2M elements with the gather
+    and 22.2 ms without. NaN falls in the tail region and stays NaN. float32 erfc needs no
+    regions: one formula holds for every |x|."""
     y = np.abs(x)
     if complement and x.dtype == np.float32:
         return _erfc_of_signed(_erfc_float32(y), x)
     small = y <= _SMALL
-    if small.all():
-        head = _erf_small(x)                            # erf(x) for |x| <= 0.46875
-        return np.subtract(1.0, head, out=head) if complement else head
-    out = np.empty_like(x)
-    inner = np.flatnonzero(small)
-    if inner.size:
-        head = _erf_small(x[inner])
-        out[inner] = np.subtract(1.0, head, out=head) if complement else head
+    inside = np.count_nonzero(small)
+    if 2 * inside >= small.size:
+        # Most elements are near zero (GELU's inputs, typically): R1 runs on the whole block
+        # in place of a gather and a scatter, and the tail overwrites its own elements below
+        # (R1 of a large |x| may be inf or NaN on the way; those values are never kept).
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = _erf_small(x)                         # erf(x) for |x| <= 0.46875
+        if complement:
+            np.subtract(1.0, out, out=out)
+        if inside == small.size:
+            return out
+    else:
+        out = np.empty_like(x)
+        inner = np.flatnonzero(small)
+        if inner.size:
+            head = _erf_small(x[inner])
+            out[inner] = np.subtract(1.0, head, out=head) if complement else head
     outer = np.flatnonzero(~small)
     x_outer = x[outer]
     tail = _erfc_tail(y[outer])                         # erfc(|x|) for |x| > 0.46875
