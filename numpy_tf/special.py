@@ -196,12 +196,14 @@ def _erf_block(x: np.ndarray, complement: bool) -> np.ndarray:
     when at least half the block lies in the small region its formula runs on the whole block:
     GELU's float64 forward on N(0, 0.3^2) inputs took 30.9 ms per 2M elements with the gather
     and 22.2 ms without. NaN falls in the tail region and stays NaN. float32 erfc needs no
-    regions: one formula holds for every |x|."""
+    regions, one formula holds for every |x|, but R1 is half its cost: it is used the same way
+    when most of the block is small (GELU's float32 forward on N(0, 0.3^2): 15.4 -> 11.9 ms
+    per 2M elements)."""
     y = np.abs(x)
-    if complement and x.dtype == np.float32:
-        return _erfc_of_signed(_erfc_float32(y), x)
     small = y <= _SMALL
     inside = np.count_nonzero(small)
+    if complement and x.dtype == np.float32 and 2 * inside < small.size:
+        return _erfc_of_signed(_erfc_float32(y), x)     # one formula, no regions
     if 2 * inside >= small.size:
         # Most elements are near zero (GELU's inputs, typically): R1 runs on the whole block
         # in place of a gather and a scatter, and the tail overwrites its own elements below
