@@ -13,7 +13,9 @@ reader can open it). Its keys, in this order (the order is part of the format):
                           each of its names)
     input/<name>          ids (B, T) int64; key_padding_mask (B, T) bool, True at padding (if
                           any); the transformer's: src_ids, decoder_input, target (-100 where
-                          nothing is predicted), src_key_padding_mask, tgt_key_padding_mask
+                          nothing is predicted), src_key_padding_mask, tgt_key_padding_mask;
+                          BERT's: ids (after masking), labels (-100 where nothing is asked),
+                          token_type_ids, key_padding_mask (if any)
     act/<module>          each named module's forward output, in forward call order
     output/logits         (B, T, V)
     loss                  0-d: the objective meta["loss"] defines
@@ -26,8 +28,8 @@ dtype. Weights and inputs are drawn from numpy.random.default_rng(seed): weights
 named_parameters order, N(0, s^2) with s = init_std (default 1.2 / sqrt(width), so attention
 is far from uniform and the case has teeth), norm weights 1 + N(0, 0.2^2); then the ids.
 
-Models are one table, EXPORTS (tiny-gpt, gpt2, llama, transformer): adding a model kind is one
-ModelExport entry.
+Models are one table, EXPORTS (tiny-gpt, gpt2, llama, transformer, bert): adding a model kind is
+one ModelExport entry.
 """
 from __future__ import annotations
 
@@ -37,12 +39,13 @@ from typing import Callable
 
 import numpy as np
 
+from .bert import Bert, BertConfig
 from .cases import Case
 from .core import Module, float_dtype, record_activations
-from .data import reverse_digits
+from .data import mask_tokens, reverse_digits
 from .gpt import GPT, GPTConfig
 from .llama import Llama, LlamaConfig
-from .objectives import NextTokenLoss, Seq2SeqLoss
+from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss
 from .seq2seq import Seq2Seq, Seq2SeqConfig
 
 ORDER = ["meta", "param/<name>", "input/<name>", "act/<module> (forward order)",
@@ -60,6 +63,13 @@ TARGET_LOSS = {
                   "-log softmax(logits[b, t])[target[b, t]] (teacher forcing: the decoder reads "
                   "decoder_input = BOS + reversed digits and predicts target = reversed digits "
                   "+ EOS)"}
+MASKED_LM_LOSS = {
+    "name": "masked_lm_cross_entropy", "ignore_index": -100,
+    "definition": "mean over the (b, t) whose labels[b, t] is not -100 of -log softmax(logits"
+                  "[b, t])[labels[b, t]] (HF BertForMaskedLM's labels= loss); 0.0 with zero "
+                  "gradients if no label is given"}
+KEYWORD_INPUTS = ("key_padding_mask", "src_key_padding_mask", "tgt_key_padding_mask",
+                  "token_type_ids")
 LINEAR_LAYOUT = "(out_features, in_features), y = x W^T + b"
 
 
@@ -189,6 +199,70 @@ def _seq2seq_conventions(model: Seq2Seq) -> dict:
     }
 
 
+class _MaskedLM(MaskedLMLoss):
+    """MaskedLMLoss with the case's input names: forward(ids, labels, key_padding_mask=None,
+    token_type_ids=None)."""
+
+    def forward(self, ids, labels, key_padding_mask=None, token_type_ids=None):
+        return super().forward(ids, labels, key_padding_mask=key_padding_mask,
+                               token_type_ids=token_type_ids)
+
+
+def _mlm_inputs(model: Bert, g: np.random.Generator, batch: int, length: int | None,
+                pad: int) -> dict:
+    """Random ids with `pad` padded positions at the end of the last row (pad_token_id there),
+    corrupted by numpy_tf.data.mask_tokens with the last id as [MASK] and half the real tokens
+    chosen (BERT's 15 % would leave a case of a few tokens with one label or none); segments
+    0 for the first half of each row and 1 after (with type_vocab_size 2 or more)."""
+    c = model.config
+    inputs = _lm_inputs(model, g, batch, length if length is not None else
+                        min(7, c.max_position_embeddings), pad)
+    ids, padding = inputs["ids"], inputs.get("key_padding_mask")
+    if padding is not None and c.pad_token_id is not None:
+        ids[padding] = c.pad_token_id
+    inputs["ids"], inputs["labels"] = mask_tokens(ids, g, c.vocab_size - 1, c.vocab_size,
+                                                  padding_mask=padding, probability=0.5)
+    if c.type_vocab_size:
+        segments = np.zeros(ids.shape, dtype=np.int64)
+        segments[:, ids.shape[1] // 2:] = min(1, c.type_vocab_size - 1)
+        inputs["token_type_ids"] = segments
+    return inputs
+
+
+def _bert_conventions(model: Bert) -> dict:
+    c = model.config
+    activation = "exact GELU x Phi(x) (erf)" if c.hidden_act == "gelu" else "ReLU"
+    return {
+        "model": "ids -> embeddings (word + segment (token_type_ids) + learned positions "
+                 "0..T-1, then LayerNorm) -> encoder (torch.nn.TransformerEncoder names: "
+                 "encoder.layers.i.self_attn with in_proj_weight = [q; k; v], linear1, "
+                 "linear2, norm1, norm2) -> mlm_head (dense, activation, layer_norm, decoder "
+                 "with bias) = logits at every position",
+        "block": ("Pre-LN, with a final encoder.norm" if c.norm_first else
+                  "Post-LN (BERT): u = norm1(x + self_attn(x)); y = norm2(u + ffn(u))"),
+        "attention": f"bidirectional self-attention, {c.num_attention_heads} heads of "
+                     f"{c.hidden_size // c.num_attention_heads}; scores q k^T / sqrt(d)",
+        "key_padding_mask": "(B, T) bool, True = padding: blocked as a key; padded positions "
+                            f"hold pad_token_id = {c.pad_token_id}, whose word embedding row "
+                            "gets no gradient",
+        "masking": f"numpy_tf.data.mask_tokens with [MASK] = {c.vocab_size - 1} (the last id) "
+                   "and probability 0.5: each chosen real token becomes [MASK] (0.8), a random "
+                   "id (0.1) or stays (0.1); labels hold the original ids there",
+        "layernorm": f"biased variance over the last axis, eps = {c.layer_norm_eps} inside "
+                     "the square root",
+        "feedforward": f"linear1 (C -> {c.intermediate_size}), {activation}, linear2",
+        "gelu": activation if c.hidden_act == "gelu" else "none (ReLU)",
+        "positions": "learned absolute positions; act/embeddings.position_embeddings is its "
+                     "input plus the rows 0..T-1 (numpy_tf's positions module adds them)"
+                     if c.position_embeddings else "none",
+        "rope": "none",
+        "tied": "mlm_head.decoder.weight IS embeddings.word_embeddings.weight (listed under "
+                "both names; its gradient is the sum of both uses)" if c.tie_word_embeddings
+                else "untied",
+        "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
+    }
+
+
 _GPT = dict(build=None, objective=NextTokenLoss, inputs=_lm_inputs,
             conventions=_gpt_conventions, loss=NEXT_TOKEN_LOSS,
             width=lambda model: model.config.width)
@@ -212,6 +286,11 @@ EXPORTS: dict[str, ModelExport] = {
         build=lambda fields, dtype: Seq2Seq(Seq2SeqConfig(**fields), dtype=dtype),
         objective=Seq2SeqLoss, inputs=_digit_inputs, conventions=_seq2seq_conventions,
         loss=TARGET_LOSS, width=lambda model: model.config.d_model),
+    "bert": ModelExport(
+        presets={"bert-tiny": {}},
+        build=lambda fields, dtype: Bert(BertConfig(**fields), dtype=dtype),
+        objective=_MaskedLM, inputs=_mlm_inputs, conventions=_bert_conventions,
+        loss=MASKED_LM_LOSS, width=lambda model: model.config.hidden_size),
 }
 
 
@@ -279,7 +358,7 @@ def export_case(model: str, config: str | dict | None = None, overrides: dict | 
     meta = {"generator": "numpy_tf.export", "numpy_tf": __version__, "numpy": np.__version__,
             "model": model, "kind": model, "level": "model", "seed": seed,
             "dtype": dtype.name, "config": network.config.to_dict(), "init_std": std,
-            "inputs": list(inputs), "keyword_inputs": [k for k in inputs if "mask" in k],
+            "inputs": list(inputs), "keyword_inputs": [k for k in inputs if k in KEYWORD_INPUTS],
             "outputs": ["logits"], "loss": entry.loss, "order": ORDER,
             "conventions": {**entry.conventions(network), "dtype": f"every float array is "
                             f"{dtype.name}; ids int64; masks bool",

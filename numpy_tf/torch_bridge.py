@@ -65,9 +65,18 @@ def _target_loss(logits, inputs, ignore_index: int = -100):
                            inputs["target"].reshape(-1), ignore_index=ignore_index)
 
 
+def _masked_lm_loss(logits, inputs, ignore_index: int = -100):
+    """Mean cross-entropy of inputs["labels"], ignore_index skipped (BERT's)."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                           inputs["labels"].reshape(-1), ignore_index=ignore_index)
+
+
 # meta["loss"]["name"] of a case -> the same loss in torch: loss(logits, inputs)
 LOSSES: dict[str, Callable] = {"next_token_cross_entropy": _next_token_loss,
-                               "target_cross_entropy": _target_loss}
+                               "target_cross_entropy": _target_loss,
+                               "masked_lm_cross_entropy": _masked_lm_loss}
 
 
 def _parameter_map(params, case_params: Mapping[str, np.ndarray], named: dict) -> dict:

@@ -190,8 +190,9 @@ def test_compare_and_export_errors(tiny, tmp_path, capsys):
             (["compare", str(tiny), str(tmp_path / "missing.npz")], "no such case file"),
             (["compare", str(unrelated), str(tiny)], "is not a numpy_tf case"),
             (["compare", str(tiny), str(unrelated)], "share no tensor names"),
-            (["export", "--model", "bert", "-o", "x.npz"],
-             "unknown model 'bert'; numpy_tf exports tiny-gpt, gpt2, llama, transformer"),
+            (["export", "--model", "mamba", "-o", "x.npz"],
+             "unknown model 'mamba'; numpy_tf exports tiny-gpt, gpt2, llama, transformer, "
+             "bert"),
             (["export", "--model", "gpt2", "--set", "colour=3", "-o", "x.npz"],
              "unexpected keyword argument 'colour'"),
             (["export", "--model", "gpt2", "--set", "layers", "-o", "x.npz"],

@@ -163,3 +163,21 @@ def test_bridge_errors(tmp_path):
     case.save(tmp_path / "other_loss.npz")
     with pytest.raises(ValueError, match="the case's loss 'contrastive' has no torch"):
         run_torch(TinyGPT(20, 8, 16, 4, 2), tmp_path / "other_loss.npz")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_bert_through_its_torch_mirror(tmp_path, dtype):
+    """The BERT case (masked tokens, segments, right padding) against reference/bert.py's
+    TorchBert, built on torch.nn.TransformerEncoder with numpy_tf's names."""
+    path, case = export(tmp_path, "bert", seed=12, pad=2, dtype=dtype)
+    model = reference("bert").TorchBert(case.meta["config"])
+    theirs = tmp_path / "torch.npz"
+    positions = "embeddings.position_embeddings"       # torch's is the table alone
+    run_torch(model, path, theirs, call=lambda m, x: m(x["ids"], (~x["key_padding_mask"]).long(),
+                                                       x["token_type_ids"]),
+              activations={name: name for name in case.section("act")
+                           if name in dict(model.named_modules()) and name != positions})
+    result = compare_files(path, theirs)
+    assert result.passed, str(result)
+    assert (case.arrays["input/labels"] != -100).sum() >= 2
+    assert sum(row.comparison.key.startswith("act/") for row in result.rows) > 20
