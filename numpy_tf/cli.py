@@ -318,8 +318,11 @@ def compare(args) -> int:
 def grade(args) -> int:
     from .grading import grade as grade_file
 
+    if not args.time_limit >= 0:
+        raise UserError(f"--time-limit must be a number of seconds >= 0 (0: no limit); got "
+                        f"{args.time_limit}")
     try:
-        report = grade_file(args.submission)
+        report = grade_file(args.submission, args.time_limit or None)
     except (OSError, ValueError) as error:
         raise UserError(str(error)) from None
     return _emit(args, report.passed, report.to_dict(), str(report))
@@ -403,6 +406,8 @@ def _tool_parsers(commands) -> None:
 
     p = commands.add_parser("grade", help="grade a student's numpy_tf functions")
     p.add_argument("submission")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
+                   help="seconds each call into the submission may take (0: no limit)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=grade)
 

@@ -21,7 +21,9 @@ and on its first case in float32. A case passes when
 
 Points: 1 per case passed. A syntax error or an exception while importing fails every function
 the file defines with that one message; an exception, a wrong shape or dtype, or a NaN fails the
-case it happens in and never stops the grader. Output the submission prints is swallowed.
+case it happens in and never stops the grader. Output the submission prints is swallowed. Each
+call into the submission has a time limit (10 s by default; `numpy-tf grade --time-limit S`):
+a call still running then fails its case ("still running after 10 s"), and the grader goes on.
 
 The reference functions and their results are captured before the submission is imported, so
 a file that rebinds numpy_tf's names cannot change the reference. This is not a sandbox: run
@@ -36,7 +38,9 @@ import importlib.util
 import io
 import itertools
 import re
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -147,17 +151,51 @@ def _describe(error: BaseException, path: str) -> str:
     return f"{type(error).__name__}{message}{where}"
 
 
+class TimeLimitExceeded(BaseException):
+    """A call into the submission ran past the time limit. A BaseException, so that a
+    submission's own `except Exception` cannot swallow it."""
+
+
+STUDENT_ERRORS = (Exception, SystemExit, TimeLimitExceeded)   # what a submission may raise
+
+
 @contextlib.contextmanager
-def _quiet():
-    """The student's prints and NumPy warnings do not reach the report (or break --json)."""
+def _time_limit(seconds: float | None):
+    """Raise TimeLimitExceeded in the code running inside after `seconds` (and every 0.1 s
+    after that, until it leaves), through SIGALRM: on the main thread of a Unix process only;
+    elsewhere, and with None, there is no limit. A single NumPy call cannot be interrupted:
+    the limit strikes when it returns."""
+    usable = seconds is not None and hasattr(signal, "setitimer") and \
+        threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeLimitExceeded(f"still running after {seconds:g} s (the time limit of each "
+                                "call; an endless loop?)")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.1)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def _student(time_limit: float | None):
+    """Around every call into the submission: its prints and NumPy warnings do not reach the
+    report (or break --json), and it has `time_limit` seconds."""
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), \
-            np.errstate(all="ignore"):
+            np.errstate(all="ignore"), _time_limit(time_limit):
         warnings.simplefilter("ignore")
         yield
 
 
-def load_submission(path) -> tuple[object | None, str | None]:
-    """(module, None), or (None, the message) when the file cannot be imported."""
+def load_submission(path, time_limit: float | None = None) -> tuple[object | None, str | None]:
+    """(module, None), or (None, the message) when the file cannot be imported (within
+    `time_limit` seconds)."""
     path = str(Path(path).resolve())
     name = f"numpy_tf_submission_{next(_SUBMISSIONS)}"
     loader = importlib.machinery.SourceFileLoader(name, path)
@@ -165,9 +203,9 @@ def load_submission(path) -> tuple[object | None, str | None]:
     module.__file__ = path
     sys.modules[name] = module              # dataclasses and typing look their module up
     try:
-        with _quiet():
+        with _student(time_limit):
             loader.exec_module(module)
-    except (Exception, SystemExit) as error:
+    except STUDENT_ERRORS as error:
         return None, _describe(error, path)
     finally:
         sys.modules.pop(name, None)
@@ -242,12 +280,13 @@ def _check_arrays(expected, got, dtype: np.dtype, names: tuple[str, ...]) -> tup
     return worst, ""
 
 
-def _grade_forward(spec, function, case: _Prepared, path: str) -> CaseResult:
+def _grade_forward(spec, function, case: _Prepared, path: str,
+                   time_limit: float | None) -> CaseResult:
     label = (case.edge.name, case.dtype.name)
     try:
-        with _quiet():
+        with _student(time_limit):
             result = spec.call(function, copy.deepcopy(case.inputs))
-    except (Exception, SystemExit) as error:
+    except STUDENT_ERRORS as error:
         return CaseResult(*label, False, np.inf, None, _describe(error, path))
     if not isinstance(result, tuple) or len(result) != 2:
         return CaseResult(*label, False, np.inf, None, "must return (out, cache)")
@@ -265,21 +304,22 @@ def _pair_forward(spec: LayerSpec, student_forward):
                              spec.call(student_forward, inputs)[1])
 
 
-def _grade_backward(spec, function, student_forward, case: _Prepared, path: str) -> CaseResult:
+def _grade_backward(spec, function, student_forward, case: _Prepared, path: str,
+                    time_limit: float | None) -> CaseResult:
     label = (case.edge.name, case.dtype.name)
     cache = copy.deepcopy(case.cache)
     if student_forward is not None:
         try:
-            with _quiet():
+            with _student(time_limit):
                 cache = spec.call(student_forward, copy.deepcopy(case.inputs))[1]
-        except (Exception, SystemExit) as error:
+        except STUDENT_ERRORS as error:
             return CaseResult(*label, False, np.inf, None,
                               f"the forward that feeds it raised {_describe(error, path)}")
     dout = case.dout.copy()
     try:
-        with _quiet():
+        with _student(time_limit):
             grads = function(dout, cache)
-    except (Exception, SystemExit) as error:
+    except STUDENT_ERRORS as error:
         return CaseResult(*label, False, np.inf, None, _describe(error, path))
     error, problem = _check_arrays(case.grads, grads, case.dtype,
                                    tuple(f"d{name}" for name in spec.grads))
@@ -288,12 +328,12 @@ def _grade_backward(spec, function, student_forward, case: _Prepared, path: str)
     fd = None
     if not problem and case.dtype == np.float64 and case.edge.finite_differences:
         try:
-            with _quiet():
+            with _student(time_limit):
                 report = gradcheck(_pair_forward(spec, student_forward),
                                    lambda g, c: gradient_dict(spec, function(g, c)),
                                    copy.deepcopy(case.inputs),
                                    wrt=spec.differentiable(case.inputs))
-        except (Exception, SystemExit) as exc:
+        except STUDENT_ERRORS as exc:
             return CaseResult(*label, False, error, None, _describe(exc, path))
         fd = report.max_norm_rel_error
         if not report.passed:
@@ -304,15 +344,16 @@ def _grade_backward(spec, function, student_forward, case: _Prepared, path: str)
 
 
 # -- the whole file -----------------------------------------------------------------------------
-def grade(path) -> GradeReport:
-    """Grade every numpy_tf function the file at `path` defines (see the module text). Raises
+def grade(path, time_limit: float | None = 10.0) -> GradeReport:
+    """Grade every numpy_tf function the file at `path` defines (see the module text), each
+    call into it (the import, each case) given `time_limit` seconds (None: no limit). Raises
     FileNotFoundError for a missing file and ValueError for a file that defines none of them."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such submission file: {path}")
     text = path.read_text(encoding="utf-8", errors="replace")
     prepared = {name: _prepare(*entry) for name, entry in _REFERENCE.items()}
-    module, error = load_submission(path)
+    module, error = load_submission(path, time_limit)
     if error is not None:
         names = _names_in(text)
         return GradeReport(str(path), [
@@ -325,12 +366,12 @@ def grade(path) -> GradeReport:
                and getattr(function, "__module__", None) == module.__name__}
         if "forward" in own:
             results.append(FunctionResult(f"{name}_forward", len(prepared[name]), [
-                _grade_forward(spec, own["forward"], case, str(path.resolve()))
+                _grade_forward(spec, own["forward"], case, str(path.resolve()), time_limit)
                 for case in prepared[name]]))
         if "backward" in own:
             results.append(FunctionResult(f"{name}_backward", len(prepared[name]), [
                 _grade_backward(spec, own["backward"], own.get("forward"), case,
-                                str(path.resolve())) for case in prepared[name]]))
+                                str(path.resolve()), time_limit) for case in prepared[name]]))
     if not results:
         raise ValueError(f"{path} defines none of numpy_tf's layer functions (known: "
                          + ", ".join(f"{name}_forward/_backward" for name in _REFERENCE) + ")")

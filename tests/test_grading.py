@@ -249,3 +249,28 @@ def test_report_text_and_json_agree(tmp_path):
     assert report.passed and "relu_backward" in text and "4/4 points" in text
     assert data["functions"][0]["cases"][0]["fd_norm_rel_error"] < 1e-8
     assert np.isfinite(json.loads(json.dumps(data))["points"])
+
+
+def test_an_endless_loop_fails_its_cases_and_the_grader_goes_on(tmp_path):
+    """Each call into the submission has a time limit; a loop that swallows Exception cannot
+    hold the grader either (the limit is a BaseException), nor can an import that never ends."""
+    path = write(tmp_path, "from numpy_tf.activations import gelu_backward as exact\n\n"
+                           "def gelu_backward(dout, cache):\n"
+                           "    while True:\n"
+                           "        try:\n"
+                           "            pass\n"
+                           "        except Exception:\n"
+                           "            pass\n\n"
+                           "def relu_backward(dout, cache):\n"
+                           "    return dout * cache.positive\n")
+    report = grade(path, time_limit=0.2)
+    results = {f.function: f for f in report.functions}
+    assert results["relu_backward"].passed
+    assert not any(case.passed for case in results["gelu_backward"].cases)
+    assert all("TimeLimitExceeded: still running after 0.2 s" in case.message
+               for case in results["gelu_backward"].cases)
+    hangs = write(tmp_path, "while True:\n    pass\n\ndef relu_backward(dout, cache):\n"
+                            "    return dout\n", "hangs.py")
+    report = grade(hangs, time_limit=0.2)
+    assert report.functions[0].error.startswith("TimeLimitExceeded: still running after 0.2 s")
+    assert main(["grade", str(hangs), "--time-limit", "-1"]) == 2
