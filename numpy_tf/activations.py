@@ -113,6 +113,9 @@ def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
     would cost an array the size of x.
     """
     x, out, approximate = cache
+    if np.shape(dout) != x.shape:
+        raise ValueError(f"dout must have the shape of GELU's output {x.shape}; got "
+                         f"{np.shape(dout)}")
     x_flat = np.ascontiguousarray(x).reshape(-1)
     y_flat = np.ascontiguousarray(out).reshape(-1)
     dout_flat = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1)

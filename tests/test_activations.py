@@ -127,3 +127,10 @@ def test_gelu_backward_is_the_same_for_any_thread_count(monkeypatch, dtype):
         monkeypatch.setenv("NUMPY_TF_NUM_THREADS", threads)
         results.append(gelu_backward(dout, gelu_forward(x)[1]))
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_gelu_backward_names_a_dout_of_the_wrong_shape():
+    _, cache = gelu_forward(np.linspace(-2, 2, 6).reshape(2, 3))
+    with pytest.raises(ValueError, match=r"dout must have the shape of GELU's output \(2, 3\); "
+                                         r"got \(3,\)"):
+        gelu_backward(np.ones(3), cache)
