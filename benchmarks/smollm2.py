@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct, numpy_tf against Hugging Face transformers on the same weights:
 `python -m benchmarks.smollm2 [--threads 2] [--tokens 64] [--rounds 2]` (float32).
 
-- generation: greedy decoding of `--tokens` tokens after a 6-token prompt, numpy_tf's KV cache
+- generation: greedy decoding of `--tokens` tokens after a 5-token prompt, numpy_tf's KV cache
   (numpy_tf.generate) against HF's `generate` (its own KV cache), medians; time per generated
   token (the prompt included in both);
 - training step: forward, mean next-token cross-entropy and backward over one 64-token

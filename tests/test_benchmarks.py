@@ -23,3 +23,14 @@ def test_benchmark_runs_end_to_end_at_the_tiny_size(tmp_path):
     assert memory["numpy_tf_tracemalloc"] > 0
     table = (tmp_path / "latest.md").read_text()
     assert "| 1 | float64 | tiny |" in table
+
+
+def test_the_smollm2_benchmarks_numpy_tf_worker_runs(smollm2_gguf_path):
+    """One worker process's work, numpy_tf side, at two tokens (the wheel is needed; its HF
+    side is what tests/test_smollm2.py compares against)."""
+    from benchmarks.smollm2 import worker
+
+    result = worker("numpy_tf", 1, tokens=2, repeats=1)
+    assert len(result["ids"]) == 5 + 2                 # the 5-token prompt and 2 new tokens
+    assert len(result["generation"]) == len(result["step"]) == 1
+    assert result["parameter_mb"] > 500 and result["step_tracemalloc_mb"] > 0
