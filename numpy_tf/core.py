@@ -108,6 +108,14 @@ class Module:
         self.dtype = float_dtype(dtype)
         self.training = True        # dropout acts only in training mode, as in torch
 
+    def __getstate__(self) -> dict:
+        """What a copy (copy.deepcopy, astype) takes: everything but a recorder's wrappers,
+        which belong to this instance (see record_activations)."""
+        state = dict(vars(self))
+        for kind in ("forward", "backward"):
+            state.pop(kind, None)
+        return state
+
     def train(self, mode: bool = True) -> "Module":
         """Set training mode on this module and every module below it; returns self."""
         for _, module in self.named_modules():

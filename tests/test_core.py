@@ -197,3 +197,25 @@ def test_record_activations_nests_and_leaves_the_modules_as_they_were():
     # no wrapper is left on any instance: the classes' own methods run again
     assert not [name for name, module in model.named_modules()
                 if {"forward", "backward"} & set(vars(module))]
+
+
+def test_a_copy_made_while_recording_runs_its_own_code():
+    """record_activations wraps the recorded instances; a copy taken inside the block (astype,
+    deepcopy) must not carry those wrappers, which would run the original's modules."""
+    import copy
+
+    from numpy_tf.core import record_activations
+
+    model = Tied()
+    x = np.random.default_rng(5).standard_normal((2, 3))
+    with record_activations(model) as recorder:
+        single = model.astype(np.float32)
+        twin = copy.deepcopy(model)
+        twin.blocks[0][0].weight.data[...] = 0.0
+        out, _ = single.blocks[0].forward(x.astype(np.float32))
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(twin.blocks[0][0].forward(x)[0],
+                                      np.broadcast_to(twin.blocks[0][0].bias.data, (2, 6)))
+    assert recorder.activations == {}                   # copies are not the recorded model
+    assert not [name for name, module in single.named_modules()
+                if {"forward", "backward"} & set(vars(module))]
