@@ -124,7 +124,7 @@ def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
                          f"{np.shape(dout)}")
     x_flat = np.ascontiguousarray(x).reshape(-1)
     y_flat = np.ascontiguousarray(out).reshape(-1)
-    dout_flat = np.ascontiguousarray(dout, dtype=x.dtype).reshape(-1)
+    dout_flat = np.ascontiguousarray(dout).reshape(-1)
     dx = np.empty_like(x_flat)
 
     def evaluate(block: slice) -> None:             # one cache-sized block, on any thread

@@ -204,8 +204,16 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache, out=None):
     q, k, v, probs, mask, scale = cache
     batch, heads, tq, width = q.shape
     groups, tk = k.shape[1], k.shape[2]
-    weights = probs if mask is None else probs * mask
+    if out is not None:
+        wanted = (q, k, v)
+        if len(out) != 3 or any(not isinstance(o, np.ndarray) or o.shape != w.shape or
+                                o.dtype != w.dtype for o, w in zip(out, wanted)):
+            raise ValueError("out must be three arrays shaped and typed like q, k and v "
+                             f"({', '.join(f'{w.shape} {w.dtype}' for w in wanted)}); got "
+                             + ", ".join(f"{getattr(o, 'shape', o)} {getattr(o, 'dtype', '')}"
+                                         for o in out))
     out_q, out_k, out_v = out if out is not None else (None, None, None)
+    weights = probs if mask is None else probs * mask
     dout_grouped = _grouped(dout, groups)                               # (B, G, r Tq, dv)
     dv = np.matmul(_grouped(weights, groups).swapaxes(-1, -2), dout_grouped,
                    out=out_v)                                           # (B, G, Tk, dv)

@@ -249,6 +249,14 @@ class FusedAttention(HeadAttention):
         q, k, v = qkv[..., :width], qkv[..., width:2 * width], qkv[..., 2 * width:]
         return q, k, v, cache
 
+    def _qkv_gradient(self, batch: int, length: int, dtype):
+        """The gradient of the qkv output, (B, T, 3C), empty, and its thirds seen as heads
+        (B, H, T, d): the views dq, dk and dv are written through."""
+        width = self.width
+        dqkv = np.empty((batch, length, 3 * width), dtype)
+        return dqkv, tuple(split_heads(dqkv[..., part * width:(part + 1) * width],
+                                       self.num_heads) for part in range(3))
+
     def backward(self, dout, cache: AttentionLayerCache):
         """As HeadAttention.backward. Without RoPE or a KV cache, attention_backward writes
         the head gradients straight into their thirds of the qkv output's gradient (B, T, 3C)
@@ -257,22 +265,15 @@ class FusedAttention(HeadAttention):
         if cache.rope is not None or cache.past_length:
             return super().backward(dout, cache)
         dheads = split_heads(self.output.backward(dout, cache.output), self.num_heads)
-        batch, _, length, _ = dheads.shape
-        width = self.width
-        dqkv = np.empty((batch, length, 3 * width), dheads.dtype)            # (B, T, 3C)
-        thirds = tuple(split_heads(dqkv[..., part * width:(part + 1) * width], self.num_heads)
-                       for part in range(3))
+        dqkv, thirds = self._qkv_gradient(dheads.shape[0], dheads.shape[2], dheads.dtype)
         attention_backward(dheads, cache.attention, out=thirds)
         return self.qkv.backward(dqkv, cache.projections)
 
     def _project_backward(self, dq, dk, dv, caches, inputs):
-        """Each head gradient is merged straight into its third of the qkv output's gradient
-        (B, T, 3C): one copy each, no concatenation of merged copies."""
-        batch, _, length, _ = dq.shape
-        width = self.width
-        dqkv = np.empty((batch, length, 3 * width), dq.dtype)            # (B, T, 3C)
-        for part, dheads in enumerate((dq, dk, dv)):
-            split_heads(dqkv[..., part * width:(part + 1) * width], self.num_heads)[...] = dheads
+        """Each head gradient is copied into its third of the qkv output's gradient."""
+        dqkv, thirds = self._qkv_gradient(dq.shape[0], dq.shape[2], dq.dtype)
+        for third, dheads in zip(thirds, (dq, dk, dv)):
+            third[...] = dheads
         return self.qkv.backward(dqkv, caches)
 
 

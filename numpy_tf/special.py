@@ -202,9 +202,10 @@ def _erf_block(x: np.ndarray, complement: bool) -> np.ndarray:
     y = np.abs(x)
     small = y <= _SMALL
     inside = np.count_nonzero(small)
-    if complement and x.dtype == np.float32 and 2 * inside < small.size:
+    mostly_small = 2 * inside >= small.size
+    if complement and x.dtype == np.float32 and not mostly_small:
         return _erfc_of_signed(_erfc_float32(y), x)     # one formula, no regions
-    if 2 * inside >= small.size:
+    if mostly_small:
         # Most elements are near zero (GELU's inputs, typically): R1 runs on the whole block
         # in place of a gather and a scatter, and the tail overwrites its own elements below
         # (R1 of a large |x| may be inf or NaN on the way; those values are never kept).

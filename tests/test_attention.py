@@ -219,3 +219,13 @@ def test_backward_into_given_arrays_equals_returned_ones(groups):
         assert got is view
         np.testing.assert_array_equal(view, want)
     assert not np.isnan(fused).any()
+
+
+def test_backward_names_out_arrays_of_the_wrong_shape():
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)) for _ in range(3))
+    out, cache = attention_forward(q, k, v)
+    wrong = (np.empty_like(q), np.empty_like(k), np.empty((1, 2, 3, 5)))
+    with pytest.raises(ValueError, match=r"out must be three arrays shaped and typed like q, k "
+                                         r"and v .* got .*\(1, 2, 3, 5\) float64"):
+        attention_backward(rng.standard_normal(out.shape), cache, out=wrong)

@@ -49,6 +49,9 @@ def test_gradcheck_cross_attention_returns_both_gradients(tq, tk, seed):
 def test_gradcheck_fused_and_torch_layouts():
     fused = FusedAttention(8, 2, bias=True, rng=1)
     assert gradcheck_module(fused, _x(1, 2, 4, 8), forward_kwargs={"is_causal": True}).passed
+    # with RoPE the head gradients are rotated back first, then copied into dqkv
+    rotary = FusedAttention(8, 2, bias=True, rope=True, rng=4)
+    assert gradcheck_module(rotary, _x(8, 2, 4, 8), forward_kwargs={"is_causal": True}).passed
     torch_layout = TorchMultiheadAttention(6, 2, rng=2)
     torch_layout.in_proj_bias.data[:] = _x(3, 18)
     report = gradcheck_module(torch_layout, _x(4, 2, 3, 6), _x(5, 2, 5, 6), _x(6, 2, 5, 6),
