@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from numpy_tf.gpt import GPT, GPTConfig
+from numpy_tf.models.gpt import GPT, GPTConfig
 
 #            vocab    T  width heads layers batch
 SIZES = {
@@ -59,7 +59,7 @@ def torch_mirror(model: GPT):
     reference = Path(__file__).resolve().parent.parent / "reference"
     if str(reference) not in sys.path:
         sys.path.insert(0, str(reference))
-    from gpt import TinyGPT      # reference/gpt.py
+    from gpt import TinyGPT  # reference/gpt.py
 
     c = model.config
     mirror = TinyGPT(c.vocab_size, c.max_context, c.width, c.heads, c.layers)

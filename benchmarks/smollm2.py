@@ -39,7 +39,7 @@ def worker(library: str, threads: int, tokens: int, repeats: int) -> dict:
     import numpy as np
 
     from benchmarks.worker import _rss_peak_of, pin_threads, timed
-    from numpy_tf.pretrained import extract_gguf, fetch_smollm2, load_smollm2
+    from numpy_tf.interop.pretrained import extract_gguf, fetch_smollm2, load_smollm2
 
     info = pin_threads(threads, with_torch=library == "hf")
     model, tokenizer = load_smollm2(np.float32, quiet=True)
@@ -47,8 +47,8 @@ def worker(library: str, threads: int, tokens: int, repeats: int) -> dict:
     text = tokenizer.encode(TEXT)[:64][None]
     result = {"info": info}
     if library == "numpy_tf":
-        from numpy_tf.generate import generate
-        from numpy_tf.objectives import NextTokenLoss
+        from numpy_tf.generation.decoding import generate
+        from numpy_tf.models.objectives import NextTokenLoss
 
         objective, parameters = NextTokenLoss(model), model.parameters()
 

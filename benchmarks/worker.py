@@ -31,10 +31,10 @@ import numpy as np
 
 from benchmarks.models import (SIZES, batch_ids, check_agreement, config_for, step_flops,
                                torch_mirror)
-from numpy_tf.generate import generate
-from numpy_tf.gpt import GPT, GPTConfig
-from numpy_tf.gradcheck import gradcheck_module
-from numpy_tf.objectives import NextTokenLoss
+from numpy_tf.checking.finite_differences import gradcheck_module
+from numpy_tf.generation.decoding import generate
+from numpy_tf.models.gpt import GPT, GPTConfig
+from numpy_tf.models.objectives import NextTokenLoss
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
 DEFAULT_REPEATS = {"tiny": 100, "small": 8, "medium": 4, "large": 3}   # per process

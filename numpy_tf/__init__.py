@@ -4,55 +4,67 @@ checked by finite differences and against PyTorch.
     out, cache = layer.forward(*inputs)       # the cache is returned, never kept on the layer
     dinputs = layer.backward(dout, cache)     # parameter gradients are added into Parameter.grad
 
-See SPEC (the promises) in the README, and `numpy-tf check` for the proof.
+The package is layered; each folder imports only the ones above it in this list:
+
+    core/       Parameter, Module, input checks, tolerances, .npz files, erf
+    layers/     every layer family: cache, pure forward / backward, thin Module
+    models/     GPT, Llama, BERT, the encoder-decoder, CBOW; losses; parameter counts
+    optim/      optimizers, clipping, the learning-rate schedule
+    text/       tokenizers, datasets, the shipped corpus
+    training/   the Trainer, checkpoints      generation/  sampling, KV-cache decoding
+    interop/    Hugging Face, torch.nn and GGUF layouts
+    checking/   gradcheck, case files, export, compare, the torch fixtures
+    teaching/   explain, assignment, grading  study/  attention maps
+    cli/        the `numpy-tf` command (nothing imports it)
+
+docs/SPEC.md states the promises; `numpy-tf check` is the proof.
 """
-from .core import Module, ModuleList, Parameter, Sequential
-from .activations import (GELU, ReLU, SiLU, gelu_backward, gelu_forward, relu_backward,
-                          relu_forward, silu_backward, silu_forward)
-from .attention import (ScaledDotProductAttention, attention_backward, attention_forward,
-                        causal_mask)
-from .dropout import Dropout, dropout_backward, dropout_forward
-from .embedding import Embedding, embedding_backward, embedding_forward
-from .gradcheck import GradcheckReport, gradcheck, gradcheck_module
-from .linear import Linear, linear_backward, linear_forward
-from .loss import CrossEntropyLoss, cross_entropy, cross_entropy_backward, cross_entropy_forward
-from .multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttention
-from .softmax import (LogSoftmax, Softmax, log_softmax_backward, log_softmax_forward,
-                      softmax_backward, softmax_forward)
-from .optim import (SGD, Adam, AdamW, adam_update, clip_grad_norm, decay_groups, grads_finite,
-                    sgd_update)
-from .optimizer import Optimizer
-from .schedule import warmup_cosine
-from .norm import (LayerNorm, RMSNorm, layernorm_backward, layernorm_forward, rmsnorm_backward,
-                   rmsnorm_forward)
-from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequencies,
-                        learned_positions_backward, learned_positions_forward,
-                        sinusoidal_positions_backward, sinusoidal_positions_forward,
-                        sinusoidal_table)
-from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_rotate, rope_tables
-from .special import erf, erfc
-from .feedforward import SwiGLU, feedforward, swiglu_backward, swiglu_forward
-from .gpt import GPT, DecoderBlock, GPTConfig
-from .llama import Llama, LlamaConfig, LlamaDecoderLayer
-from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
-                          TransformerEncoder, TransformerEncoderLayer)
-from .seq2seq import Seq2Seq, Seq2SeqConfig
-from .bert import Bert, BertConfig, BertEmbeddings, MaskedLMHead
-from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss, TargetLoss, shifted_targets
-from .accounting import Accounting, account, count_parameters, parameter_breakdown
-from .generate import generate, generate_seq2seq, sample_next, sampling_probabilities
-from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from .train import Trainer, TrainingStopped, TrainSettings
+from .core import Module, ModuleList, Parameter, Sequential, erf, erfc
+from .layers import (GELU, CrossEntropyLoss, Dropout, Embedding, FusedAttention, LayerNorm,
+                     LearnedPositions, Linear, LogSoftmax, MultiHeadAttention, ReLU, RMSNorm,
+                     RoPECache, RotaryEmbedding, ScaledDotProductAttention, SiLU,
+                     SinusoidalPositions, Softmax, SwiGLU, TorchMultiheadAttention,
+                     attention_backward, attention_forward, causal_mask, cross_entropy,
+                     cross_entropy_backward, cross_entropy_forward, dropout_backward,
+                     dropout_forward, embedding_backward, embedding_forward, feedforward,
+                     gelu_backward, gelu_forward, inverse_frequencies, layernorm_backward,
+                     layernorm_forward, learned_positions_backward, learned_positions_forward,
+                     linear_backward, linear_forward, log_softmax_backward, log_softmax_forward,
+                     relu_backward, relu_forward, rmsnorm_backward, rmsnorm_forward,
+                     rope_backward, rope_forward, rope_rotate, rope_tables, silu_backward,
+                     silu_forward, sinusoidal_positions_backward, sinusoidal_positions_forward,
+                     sinusoidal_table, softmax_backward, softmax_forward, swiglu_backward,
+                     swiglu_forward)
+from .models import (CBOW, GPT, Accounting, Bert, BertConfig, BertEmbeddings, DecoderBlock,
+                     GPTConfig, Llama, LlamaConfig, LlamaDecoderLayer, MaskedLMHead,
+                     MaskedLMLoss, NextTokenLoss, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
+                     TargetLoss, Transformer, TransformerDecoder, TransformerDecoderLayer,
+                     TransformerEncoder, TransformerEncoderLayer, account, cbow_backward,
+                     cbow_forward, count_parameters, nearest, parameter_breakdown,
+                     shifted_targets)
+from .optim import (SGD, Adam, AdamW, Optimizer, adam_update, clip_grad_norm, decay_groups,
+                    grads_finite, sgd_update, warmup_cosine)
+from .text import (DEFAULT_SPECIAL_TOKENS, DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE,
+                   IGNORE_INDEX, BPETokenizer, ByteTokenizer, CBOWPairs, GGUFTokenizer,
+                   ReverseDigits, SlidingWindowDataset, Vocabulary, batch_indices, cbow_pairs,
+                   default_corpus, mask_tokens, pretokenize, reverse_digits, smollm2_chat,
+                   split_documents, split_stream, window_count)
+from .training import (Checkpoint, Trainer, TrainingStopped, TrainSettings, load_cbow,
+                       load_checkpoint, save_cbow, save_checkpoint, train_cbow)
+from .generation import generate, generate_seq2seq, sample_next, sampling_probabilities
 from . import interop
+from .interop import pretrained
+from .checking import GradcheckReport, gradcheck, gradcheck_module
 from .study import attention_maps
-from .text import BPETokenizer, ByteTokenizer, DEFAULT_SPECIAL_TOKENS, pretokenize
-from .gguf_tokenizer import GGUFTokenizer, smollm2_chat
-from . import pretrained
-from .data import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, CBOWPairs,
-                   ReverseDigits, SlidingWindowDataset, batch_indices, cbow_pairs,
-                   default_corpus, mask_tokens, reverse_digits, split_documents, split_stream,
-                   window_count)
-from .cbow import (CBOW, Vocabulary, cbow_backward, cbow_forward, load_cbow, nearest, save_cbow,
-                   train_cbow)
+from . import _old_paths
 
 __version__ = "0.1.0"
+
+_old_paths.install()
+
+
+def __getattr__(name: str):
+    """`numpy_tf.norm` and the other module names of the first, flat layout (see _old_paths)."""
+    if name in _old_paths.OLD_PATHS:
+        return _old_paths.new_module(name)
+    raise AttributeError(f"module 'numpy_tf' has no attribute {name!r}")

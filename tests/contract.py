@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from numpy_tf.cases import Case
-from numpy_tf.verify import compare_case, fixtures_dir, gradcheck_case, run_case
+from numpy_tf.checking.case_file import Case
+from numpy_tf.checking.fixtures import compare_case, fixtures_dir, gradcheck_case, run_case
 
 
 def random_like(rng: np.random.Generator, array: np.ndarray) -> np.ndarray:
@@ -118,7 +118,7 @@ def assert_tied_gradient_is_the_sum(tied, untied, ids, embedding: str, head: str
 def assert_right_padding_changes_nothing(model, real: np.ndarray, padding: np.ndarray) -> None:
     """Appending padded tokens (masked as keys, ignored as targets) leaves the real tokens'
     logits and the next-token loss unchanged. real (1, T), padding (1, P)."""
-    from numpy_tf.objectives import NextTokenLoss
+    from numpy_tf.models.objectives import NextTokenLoss
 
     padded = np.concatenate([real, padding], axis=1)
     mask = np.zeros(padded.shape, dtype=bool)

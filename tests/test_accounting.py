@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numpy_tf import GPT, GPTConfig
-from numpy_tf.accounting import PRESETS, account, load_config
-from numpy_tf.cli import main
+from numpy_tf.cli.commands import main
+from numpy_tf.models.accounting import PRESETS, account, load_config
 
 
 def per_row(accounting, named_parameters) -> dict:

@@ -3,11 +3,11 @@ import math
 
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import (GELU, ReLU, SiLU, gelu_backward, gelu_forward, gradcheck, relu_backward,
                       relu_forward, silu_backward, silu_forward)
 

@@ -3,13 +3,13 @@ import math
 
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import gradcheck
-from numpy_tf.attention import (ScaledDotProductAttention, attention_backward, attention_forward,
-                                causal_mask)
+from numpy_tf.layers.attention import (ScaledDotProductAttention, attention_backward,
+                                       attention_forward, causal_mask)
 
 
 def _qkv(rng, batch=2, heads=2, groups=2, tq=3, tk=3, d=4, dv=4):

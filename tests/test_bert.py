@@ -3,19 +3,19 @@ gradients, permutation equivariance without positions, padding, tying, the inter
 names (query/key/value joined into in_proj_weight), the masking routine, and the errors."""
 import numpy as np
 import pytest
+from contract import (assert_fixture_agrees, assert_hf_round_trip_is_bit_exact,
+                      assert_tied_gradient_is_the_sum, check_contract)
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import (assert_fixture_agrees, assert_hf_round_trip_is_bit_exact,
-                      assert_tied_gradient_is_the_sum, check_contract)
 from numpy_tf import gradcheck_module, interop
-from numpy_tf.accounting import account, count_parameters
-from numpy_tf.bert import Bert, BertConfig
-from numpy_tf.cases import Case
-from numpy_tf.checkpoint import load_checkpoint, save_checkpoint
-from numpy_tf.data import mask_tokens
-from numpy_tf.objectives import MaskedLMLoss
-from numpy_tf.verify import fixtures_dir
+from numpy_tf.checking.case_file import Case
+from numpy_tf.checking.fixtures import fixtures_dir
+from numpy_tf.models.accounting import account, count_parameters
+from numpy_tf.models.bert import Bert, BertConfig
+from numpy_tf.models.objectives import MaskedLMLoss
+from numpy_tf.text.datasets import mask_tokens
+from numpy_tf.training.checkpoint import load_checkpoint, save_checkpoint
 
 HF_FIXTURES = ["bert_tied", "bert_untied", "bert_tied_padded"]
 MIRROR_FIXTURES = ["bert_mirror_post_ln", "bert_mirror_pre_ln"]

@@ -2,14 +2,15 @@
 loss as a mean over every example, training, nearest neighbours, the vocabulary, saving."""
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import cross_entropy, gradcheck, gradcheck_module
-from numpy_tf.cbow import (CBOW, Vocabulary, cbow_backward, cbow_forward, load_cbow, nearest,
-                           save_cbow, train_cbow, words)
-from numpy_tf.data import cbow_pairs
+from numpy_tf.models.cbow import CBOW, cbow_backward, cbow_forward, nearest
+from numpy_tf.text.datasets import cbow_pairs
+from numpy_tf.text.vocabulary import Vocabulary, words
+from numpy_tf.training.cbow import load_cbow, save_cbow, train_cbow
 
 REPETITIVE = " ".join(["the cat sat on the mat.", "the dog sat on the rug.",
                        "a cat ate the fish.", "a dog ate the bone."] * 10)

@@ -4,9 +4,9 @@ import shutil
 
 import numpy as np
 
-from numpy_tf.cases import Case
-from numpy_tf.cli import main
-from numpy_tf.verify import fixtures_dir
+from numpy_tf.checking.case_file import Case
+from numpy_tf.checking.fixtures import fixtures_dir
+from numpy_tf.cli.commands import main
 
 
 def test_check_passes_on_the_committed_fixtures(capsys):

@@ -8,13 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numpy_tf.corpus import build_corpus
-from numpy_tf import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX,
-                      BPETokenizer, SlidingWindowDataset, batch_indices, cbow_pairs,
-                      cross_entropy, default_corpus, reverse_digits, split_documents,
-                      split_stream, window_count)
-
-
+from numpy_tf import (DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE, IGNORE_INDEX, BPETokenizer,
+                      SlidingWindowDataset, batch_indices, cbow_pairs, cross_entropy,
+                      default_corpus, reverse_digits, split_documents, split_stream, window_count)
+from numpy_tf.text.corpus import build_corpus
 
 # --- next-token windows -------------------------------------------------------------------
 
@@ -302,4 +299,4 @@ def test_default_corpus_is_learnable_but_not_trivial():
 
 def test_corpus_is_declared_as_package_data():
     setup = (Path(__file__).resolve().parent.parent / "setup.cfg").read_text()
-    assert re.search(r"\[options.package_data\]\nnumpy_tf = texts/\*\.txt", setup)
+    assert re.search(r"\[options.package_data\][^[]*\nnumpy_tf.text = texts/\*\.txt", setup)

@@ -1,10 +1,10 @@
 """Dropout: explicit randomness, the same mask in backward, identity in eval mode."""
 import numpy as np
 import pytest
-
 from contract import check_contract
+
 from numpy_tf import gradcheck
-from numpy_tf.dropout import Dropout, dropout_backward, dropout_forward
+from numpy_tf.layers.dropout import Dropout, dropout_backward, dropout_forward
 
 
 def test_mask_values_scale_and_reuse_in_backward():

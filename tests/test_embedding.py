@@ -1,10 +1,10 @@
 """Embedding: lookup, repeated ids, padding_idx, bad ids."""
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import Embedding, embedding_backward, embedding_forward, gradcheck
 
 

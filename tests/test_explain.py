@@ -3,9 +3,9 @@ finite-difference check, from the terminal."""
 import inspect
 import json
 
-from numpy_tf.cli import main
-from numpy_tf.explain import explain
-from numpy_tf.norm import LayerNormCache, layernorm_backward, layernorm_forward
+from numpy_tf.cli.commands import main
+from numpy_tf.layers.norm import LayerNormCache, layernorm_backward, layernorm_forward
+from numpy_tf.teaching.explain import explain
 
 
 def test_explain_prints_cache_forward_and_backward_with_the_derivation():

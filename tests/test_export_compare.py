@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numpy_tf.cases import Case
-from numpy_tf.cli import main
-from numpy_tf.compare import SEARCH_ORDER, compare_files
-from numpy_tf.export import EXPORTS, ORDER, export_case
-from numpy_tf.gpt import GPT, GPTConfig
-from numpy_tf.objectives import NextTokenLoss
+from numpy_tf.checking.case_file import Case
+from numpy_tf.checking.compare import SEARCH_ORDER, compare_files
+from numpy_tf.checking.export import EXPORTS, ORDER, export_case
+from numpy_tf.cli.commands import main
+from numpy_tf.models.gpt import GPT, GPTConfig
+from numpy_tf.models.objectives import NextTokenLoss
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +231,8 @@ def test_export_command(tmp_path, capsys):
 
 
 def test_the_tools_never_import_torch():
-    code = ("import sys, numpy_tf.torch_bridge, numpy_tf.export, numpy_tf.compare, "
-            "numpy_tf.grading, numpy_tf.assignment, numpy_tf.explain, numpy_tf.cli; "
+    code = ("import sys, numpy_tf.checking.torch_bridge, numpy_tf.checking.export, "
+            "numpy_tf.checking.compare, numpy_tf.teaching.grading, numpy_tf.teaching.assignment, "
+            "numpy_tf.teaching.explain, numpy_tf.cli; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

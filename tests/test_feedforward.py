@@ -4,13 +4,13 @@ import math
 
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
-from numpy_tf import SwiGLU, feedforward, gradcheck, gradcheck_module, swiglu_backward, \
-    swiglu_forward
-from numpy_tf.feedforward import swiglu_gate_backward, swiglu_gate_forward
+from numpy_tf import (SwiGLU, feedforward, gradcheck, gradcheck_module, swiglu_backward,
+                      swiglu_forward)
+from numpy_tf.layers.mlp import swiglu_gate_backward, swiglu_gate_forward
 
 
 def _swiglu_inputs(rng, lead, width, hidden, bias):

@@ -3,8 +3,8 @@ import json
 
 import numpy as np
 
-from numpy_tf.cases import SECTIONS, Case
-from numpy_tf.verify import case_name, fixtures_dir, known_kinds
+from numpy_tf.checking.case_file import SECTIONS, Case
+from numpy_tf.checking.fixtures import case_name, fixtures_dir, known_kinds
 
 
 def test_every_fixture_is_a_complete_case_with_both_dtypes():

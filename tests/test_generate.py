@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numpy_tf.generate import generate, sample_next, sampling_probabilities
-from numpy_tf.gpt import GPT, GPTConfig
+from numpy_tf.generation import generate, sample_next, sampling_probabilities
+from numpy_tf.models.gpt import GPT, GPTConfig
 
 
 def _model(**changes):
@@ -117,7 +117,7 @@ def test_llama_cached_generation_equals_recompute():
 
 def test_seq2seq_cached_decoding_equals_the_full_decoder():
     from numpy_tf import Seq2Seq, Seq2SeqConfig
-    from numpy_tf.generate import generate_seq2seq
+    from numpy_tf.generation.decoding import generate_seq2seq
     model = Seq2Seq(Seq2SeqConfig(src_vocab_size=13, tgt_vocab_size=13, d_model=16, nhead=2,
                                   num_encoder_layers=2, num_decoder_layers=2,
                                   dim_feedforward=32, dropout=0.0), rng=4)
@@ -146,8 +146,9 @@ def test_the_encoder_decoder_learns_to_reverse_digits():
     """End to end proof of the encoder-decoder's backward: 600 steps of AdamW reach (nearly)
     perfect exact-match accuracy on held-out strings."""
     from numpy_tf import Seq2SeqConfig
-    from numpy_tf.data import DIGIT_VOCAB_SIZE
-    from numpy_tf.train import TrainSettings, exact_match, reverse_digits_trainer
+    from numpy_tf.text.datasets import DIGIT_VOCAB_SIZE
+    from numpy_tf.training.tasks import exact_match, reverse_digits_trainer
+    from numpy_tf.training.trainer import TrainSettings
     config = Seq2SeqConfig(src_vocab_size=DIGIT_VOCAB_SIZE, tgt_vocab_size=DIGIT_VOCAB_SIZE,
                            d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
                            dim_feedforward=64, dropout=0.0, norm_first=True)

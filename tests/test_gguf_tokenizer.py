@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numpy_tf.gguf_tokenizer import (SMOLLM2_CHAT_TEMPLATE, GGUFTokenizer, byte_alphabet,
-                                     char_class, gpt2_split, smollm_split, smollm2_chat)
+from numpy_tf.text.gguf_tokenizer import (SMOLLM2_CHAT_TEMPLATE, GGUFTokenizer, byte_alphabet,
+                                          char_class, gpt2_split, smollm2_chat, smollm_split)
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im"]
 TOKENS = SPECIALS + byte_alphabet() + ["Ġt", "he", "Ġthe"]

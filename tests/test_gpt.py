@@ -2,15 +2,15 @@
 their agreement with the torch module and Hugging Face GPT2LMHeadModel."""
 import numpy as np
 import pytest
+from contract import (assert_fixture_agrees, assert_right_padding_changes_nothing,
+                      assert_tied_gradient_is_the_sum, check_contract)
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import (assert_fixture_agrees, assert_right_padding_changes_nothing,
-                      assert_tied_gradient_is_the_sum, check_contract)
 from numpy_tf import gradcheck_module
-from numpy_tf.accounting import block_estimate, count_parameters, parameter_breakdown
-from numpy_tf.gpt import GPT, DecoderBlock, GPTConfig
-from numpy_tf.objectives import NextTokenLoss
+from numpy_tf.models.accounting import block_estimate, count_parameters, parameter_breakdown
+from numpy_tf.models.gpt import GPT, DecoderBlock, GPTConfig
+from numpy_tf.models.objectives import NextTokenLoss
 
 SEED_IDS = np.array([[1, 3, 5, 7], [1, 4, 6, 8]])
 

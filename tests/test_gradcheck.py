@@ -1,4 +1,4 @@
-"""numpy_tf.gradcheck catches wrong backward passes and reports where."""
+"""numpy_tf.gradcheck (numpy_tf/checking/finite_differences.py) catches wrong backward passes and reports where."""
 import importlib
 
 import numpy as np
@@ -76,8 +76,7 @@ def test_report_text_and_dict():
 # -- the full mode on a Module evaluates only downstream of the perturbed tensor ----------------
 def _full_reports(module, *inputs):
     """The full check's report with and without reusing the unperturbed upstream."""
-    tool = importlib.import_module("numpy_tf.gradcheck")   # the file (the package exports
-                                                           # the function of the same name)
+    tool = importlib.import_module("numpy_tf.checking.finite_differences")
     module = module.astype(np.float64)
     rng = np.random.default_rng(0)
     out, cache = module.forward(*inputs)
@@ -93,8 +92,8 @@ def _full_reports(module, *inputs):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_downstream_evaluation_gives_the_same_numbers_bit_for_bit(tied):
-    from numpy_tf.gpt import GPT, GPTConfig
-    from numpy_tf.objectives import NextTokenLoss
+    from numpy_tf.models.gpt import GPT, GPTConfig
+    from numpy_tf.models.objectives import NextTokenLoss
     config = GPTConfig.tiny(vocab_size=5, max_context=3, width=4, heads=2, tied=tied,
                             init_std=0.3)
     ids = np.random.default_rng(1).integers(0, 5, (2, 3))

@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-import numpy_tf.norm
-from numpy_tf.assignment import assignment
-from numpy_tf.cli import main
-from numpy_tf.grading import grade
-from numpy_tf.layers_registry import LAYERS
+import numpy_tf.layers.norm
+from numpy_tf.cli.commands import main
+from numpy_tf.teaching.assignment import assignment
+from numpy_tf.teaching.grading import grade
+from numpy_tf.teaching.layer_table import LAYERS
 
 
 def solved(skeleton: str) -> str:
@@ -61,8 +61,8 @@ def test_the_skeleton_reads_as_homework():
     stub = ast.get_docstring(functions["layernorm_backward"])
     assert "inv_std = (var + eps)^(-1/2)" in stub and "Return (dx, dweight, dbias)" in stub
     assert "closed form" not in stub and "x_hat_j mean(g * x_hat)" not in stub  # no derivation
-    assert "from numpy_tf.feedforward import GateCache, swiglu_gate_backward" in skeleton
-    assert "from numpy_tf.linear import LinearCache, linear_backward, linear_forward" in skeleton
+    assert "from numpy_tf.layers.mlp import GateCache, swiglu_gate_backward" in skeleton
+    assert "from numpy_tf.layers.linear import LinearCache, linear_backward, linear_forward" in skeleton
     with pytest.raises(ValueError, match="unknown layer 'conv'"):
         assignment(["conv"])
 
@@ -143,7 +143,7 @@ def rmsnorm_backward(dout, cache):                  # misses the weight's factor
 
 def test_a_gradient_off_by_a_tenth_of_a_percent_fails(tmp_path):
     path = write(tmp_path, '''
-from numpy_tf.activations import gelu_backward as reference
+from numpy_tf.layers.activations import gelu_backward as reference
 
 def gelu_backward(dout, cache):
     return reference(dout, cache) * 1.001
@@ -157,7 +157,7 @@ def test_finite_differences_catch_what_the_reference_would_miss(tmp_path, monkey
     variant, numpy-ml's mistake), a submission copying it would agree with it, and finite
     differences of the forward would still fail it."""
     from numpy_tf import grading
-    from numpy_tf.activations import gelu_backward, gelu_forward
+    from numpy_tf.layers.activations import gelu_backward, gelu_forward
 
     def wrong(dout, cache):
         return gelu_backward(dout, gelu_forward(cache.x, "none")[1])
@@ -165,7 +165,7 @@ def test_finite_differences_catch_what_the_reference_would_miss(tmp_path, monkey
     spec, forward, _ = grading._REFERENCE["gelu"]
     monkeypatch.setitem(grading._REFERENCE, "gelu", (spec, forward, wrong))
     path = write(tmp_path, '''
-from numpy_tf.activations import gelu_backward as exact_backward, gelu_forward
+from numpy_tf.layers.activations import gelu_backward as exact_backward, gelu_forward
 
 def gelu_backward(dout, cache):
     return exact_backward(dout, gelu_forward(cache.x, "none")[1])
@@ -193,7 +193,7 @@ def test_a_syntax_error_fails_every_function_with_one_message(tmp_path):
 
 
 def test_only_functions_the_file_defines_are_graded(tmp_path):
-    path = write(tmp_path, "from numpy_tf.norm import layernorm_backward\n")
+    path = write(tmp_path, "from numpy_tf.layers.norm import layernorm_backward\n")
     with pytest.raises(ValueError, match="defines none of numpy_tf's layer functions"):
         grade(path)
     with pytest.raises(FileNotFoundError, match="no such submission file"):
@@ -204,8 +204,8 @@ def test_a_submission_cannot_change_the_reference(tmp_path):
     saved = numpy_tf.norm.layernorm_backward, dict(LAYERS)
     path = write(tmp_path, '''
 import numpy as np
-import numpy_tf.norm
-import numpy_tf.layers_registry
+import numpy_tf.layers.norm
+import numpy_tf.teaching.layer_table
 
 def layernorm_backward(dout, cache):
     return np.zeros_like(dout), None, None
@@ -254,7 +254,7 @@ def test_report_text_and_json_agree(tmp_path):
 def test_an_endless_loop_fails_its_cases_and_the_grader_goes_on(tmp_path):
     """Each call into the submission has a time limit; a loop that swallows Exception cannot
     hold the grader either (the limit is a BaseException), nor can an import that never ends."""
-    path = write(tmp_path, "from numpy_tf.activations import gelu_backward as exact\n\n"
+    path = write(tmp_path, "from numpy_tf.layers.activations import gelu_backward as exact\n\n"
                            "def gelu_backward(dout, cache):\n"
                            "    while True:\n"
                            "        try:\n"

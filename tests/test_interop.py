@@ -1,11 +1,11 @@
 """numpy_tf.interop: exact conversion to and from Hugging Face layouts."""
 import numpy as np
 import pytest
-
 from contract import assert_hf_round_trip_is_bit_exact
+
 from numpy_tf import interop
-from numpy_tf.cases import Case
-from numpy_tf.verify import fixtures_dir
+from numpy_tf.checking.case_file import Case
+from numpy_tf.checking.fixtures import fixtures_dir
 
 
 def _gpt2_case(name="gpt2_tied_float64"):

@@ -1,10 +1,10 @@
 """Linear: the STYLE.md checklist."""
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import Linear, gradcheck, gradcheck_module, linear_backward, linear_forward
 
 

@@ -2,18 +2,18 @@
 padding, the KV cache, causality, the interop with HF's names, and the errors."""
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from contract import (assert_fixture_agrees, assert_hf_round_trip_is_bit_exact,
                       assert_right_padding_changes_nothing, assert_tied_gradient_is_the_sum,
                       check_contract)
+from hypothesis import given
+from hypothesis import strategies as st
+
 from numpy_tf import gradcheck_module, interop
-from numpy_tf.accounting import count_parameters
-from numpy_tf.cases import Case
-from numpy_tf.llama import Llama, LlamaConfig, LlamaDecoderLayer
-from numpy_tf.objectives import NextTokenLoss
-from numpy_tf.verify import fixtures_dir
+from numpy_tf.checking.case_file import Case
+from numpy_tf.checking.fixtures import fixtures_dir
+from numpy_tf.models.accounting import count_parameters
+from numpy_tf.models.llama import Llama, LlamaConfig, LlamaDecoderLayer
+from numpy_tf.models.objectives import NextTokenLoss
 
 FIXTURES = ["llama_gqa", "llama_mqa_tied", "llama_mha_biases", "llama_gqa_tied_padded"]
 

@@ -3,12 +3,12 @@ import math
 
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import cross_entropy, cross_entropy_backward, cross_entropy_forward, gradcheck
-from numpy_tf.loss import CrossEntropyLoss
+from numpy_tf.layers.cross_entropy_loss import CrossEntropyLoss
 
 
 @given(rows=st.integers(1, 4), classes=st.integers(1, 6), smoothing=st.sampled_from(

@@ -2,12 +2,12 @@
 cross-attention, the KV cache, and the layouts' agreement with one another."""
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import gradcheck_module
-from numpy_tf.multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttention
+from numpy_tf.layers.multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttention
 
 
 def _x(seed, *shape):

@@ -3,10 +3,10 @@ import math
 
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import (LayerNorm, RMSNorm, gradcheck, gradcheck_module, layernorm_backward,
                       layernorm_forward, rmsnorm_backward, rmsnorm_forward)
 

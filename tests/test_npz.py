@@ -6,8 +6,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from numpy_tf.cases import Case
-from numpy_tf.npz import load_npz, save_npz
+from numpy_tf.checking.case_file import Case
+from numpy_tf.core.npz import load_npz, save_npz
 
 
 def test_roundtrip_keeps_dtype_shape_order_and_zero_d(tmp_path):

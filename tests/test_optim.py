@@ -4,15 +4,15 @@ import math
 
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, case_paths
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, case_paths
 from numpy_tf import (SGD, Adam, AdamW, Embedding, Linear, Module, Parameter, clip_grad_norm,
                       decay_groups, grads_finite, warmup_cosine)
-from numpy_tf.cases import Case
-from numpy_tf.npz import json_array, load_npz, save_npz
-from numpy_tf.verify import run_case
+from numpy_tf.checking.case_file import Case
+from numpy_tf.checking.fixtures import run_case
+from numpy_tf.core.npz import json_array, load_npz, save_npz
 
 OPTIMIZER_CASES = ["sgd", "sgd_nesterov", "sgd_dampening_maximize", "adam", "adam_l2_amsgrad",
                    "adamw", "adamw_groups_schedule"]

@@ -4,14 +4,13 @@ import math
 
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import (LearnedPositions, SinusoidalPositions, gradcheck, gradcheck_module,
                       learned_positions_backward, learned_positions_forward,
-                      sinusoidal_positions_backward, sinusoidal_positions_forward,
-                      sinusoidal_table)
+                      sinusoidal_positions_backward, sinusoidal_positions_forward, sinusoidal_table)
 
 
 # -- learned positions --------------------------------------------------------------------------

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from numpy_tf import pretrained
-from numpy_tf.gguf_tokenizer import GGUFTokenizer, byte_alphabet
-from numpy_tf.rope import rope_forward
+from numpy_tf.layers.rope import rope_forward
+from numpy_tf.text.gguf_tokenizer import GGUFTokenizer, byte_alphabet
 
 gguf = pytest.importorskip("gguf")
 
@@ -411,7 +411,7 @@ def test_smollm2_equals_transformers_gguf_loading_bit_for_bit(smollm2, smollm2_g
 
 
 def test_generate_command_continues_with_paris(smollm2_gguf_path, capsys, tmp_path):
-    from numpy_tf.cli import main
+    from numpy_tf.cli.commands import main
     assert main(["generate", "--model", "smollm2", "--prompt", "The capital of France is",
                  "--tokens", "3", "--attention", "1:2",
                  "--save-attention", str(tmp_path / "a.npy")]) == 0
@@ -425,7 +425,7 @@ def test_generate_command_continues_with_paris(smollm2_gguf_path, capsys, tmp_pa
 
 
 def test_generate_command_errors(capsys):
-    from numpy_tf.cli import main
+    from numpy_tf.cli.commands import main
     assert main(["generate", "--prompt", "x", "--attention", "two"]) == 2
     assert "--attention must be LAYER or LAYER:HEAD" in capsys.readouterr().err
     assert main(["generate", "--prompt", "x", "--top-p", "2"]) == 2

@@ -2,10 +2,10 @@
 by a permutation), the seed material's worked example, and bad input."""
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import (RotaryEmbedding, gradcheck, gradcheck_module, rope_backward, rope_forward,
                       rope_rotate, rope_tables)
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from numpy_tf import interop
-from numpy_tf.generate import generate
-from numpy_tf.gguf_tokenizer import GGUFTokenizer
-from numpy_tf.objectives import NextTokenLoss
+from numpy_tf.generation.decoding import generate
+from numpy_tf.models.objectives import NextTokenLoss
+from numpy_tf.text.gguf_tokenizer import GGUFTokenizer
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")

@@ -1,14 +1,14 @@
 """softmax and log_softmax."""
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from contract import assert_fixture_agrees, check_contract
 from numpy_tf import (gradcheck, log_softmax_backward, log_softmax_forward, softmax_backward,
                       softmax_forward)
-from numpy_tf.softmax import LogSoftmax, Softmax
+from numpy_tf.layers.softmax import LogSoftmax, Softmax
 
 arrays = hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, max_side=4),
                     elements=st.floats(-10, 10))

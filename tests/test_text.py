@@ -8,8 +8,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from numpy_tf import BPETokenizer, ByteTokenizer, default_corpus, pretokenize
-from numpy_tf.bpe import apply_merges, count_pairs, learn_merges, merge_pair, merge_ranks
-from numpy_tf.npz import load_npz, save_npz
+from numpy_tf.core.npz import load_npz, save_npz
+from numpy_tf.text.bpe import apply_merges, count_pairs, learn_merges, merge_pair, merge_ranks
 
 A, B = ord("a"), ord("b")
 AWKWARD = ["", " ", "   \n\t  ", "中文字符", "emoji 🙂👍🏽 mixed",

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from numpy_tf.cases import Case
-from numpy_tf.compare import compare_files
-from numpy_tf.export import export_case
+from numpy_tf.checking.case_file import Case
+from numpy_tf.checking.compare import compare_files
+from numpy_tf.checking.export import export_case
+from numpy_tf.checking.torch_bridge import run_torch
 from numpy_tf.interop import gpt2_layout
-from numpy_tf.torch_bridge import run_torch
 
 pytestmark = pytest.mark.torch
 REFERENCE = Path(__file__).resolve().parent.parent / "reference"

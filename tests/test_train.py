@@ -4,11 +4,11 @@ import csv
 import numpy as np
 import pytest
 
-from numpy_tf.checkpoint import load_checkpoint, save_checkpoint
-from numpy_tf.gpt import GPT, GPTConfig
-from numpy_tf.npz import load_npz, save_npz
-from numpy_tf.objectives import TargetLoss
-from numpy_tf.train import Trainer, TrainingStopped, TrainSettings, progress_line
+from numpy_tf.core.npz import load_npz, save_npz
+from numpy_tf.models.gpt import GPT, GPTConfig
+from numpy_tf.models.objectives import TargetLoss
+from numpy_tf.training.checkpoint import load_checkpoint, save_checkpoint
+from numpy_tf.training.trainer import Trainer, TrainingStopped, TrainSettings, progress_line
 
 CONFIG = GPTConfig.gpt2(vocab_size=12, max_context=6, width=8, heads=2, layers=1)
 SETTINGS = TrainSettings(steps=10, batch_size=3, lr=1e-2, min_lr=1e-3, warmup=2,

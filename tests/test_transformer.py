@@ -2,18 +2,20 @@
 sequence-to-sequence model and its loss, and the conversion to and from torch's names."""
 import numpy as np
 import pytest
+from contract import assert_fixture_agrees, check_contract, random_like
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import assert_fixture_agrees, check_contract, random_like
 from numpy_tf import gradcheck, gradcheck_module, interop
-from numpy_tf.cases import Case
-from numpy_tf.data import reverse_digits
-from numpy_tf.objectives import Seq2SeqLoss
-from numpy_tf.seq2seq import Seq2Seq, Seq2SeqConfig
-from numpy_tf.transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer,
-                                  TransformerEncoder, TransformerEncoderLayer)
-from numpy_tf.verify import fixtures_dir
+from numpy_tf.checking.case_file import Case
+from numpy_tf.checking.fixtures import fixtures_dir
+from numpy_tf.models.encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
+from numpy_tf.models.encoder_decoder.transformer import (Transformer, TransformerDecoder,
+                                                         TransformerDecoderLayer,
+                                                         TransformerEncoder,
+                                                         TransformerEncoderLayer)
+from numpy_tf.models.objectives import Seq2SeqLoss
+from numpy_tf.text.datasets import reverse_digits
 
 SMALL = dict(d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
              dim_feedforward=16, dropout=0.0)

@@ -1,0 +1,171 @@
+"""Compare two case files tensor by tensor and name the first place they part ways.
+
+    result = compare_files("reference.npz", "theirs.npz")   # print(result); result.passed
+
+Every key present in both files is compared with numpy_tf.verify.compare_arrays under
+tolerances.TORCH[level, dtype]: level from the reference's meta (a whole model: "model"),
+dtype the less precise of the two files (a float32 implementation is held to float32's
+tolerance even against a float64 reference). The absolute floor scales with the largest
+|reference| of the tensor's group, as in `numpy-tf check`: the data (inputs, parameters,
+upstream gradients), the forward (activations, outputs, loss), or the backward (gradients).
+
+The first divergence is searched in this order, which follows the computation:
+
+    1. input/*, param/*       the starting point: if these differ, nothing after can agree
+    2. act/*                  activations, in forward call order (the reference file's order)
+    3. output/*, loss
+    4. grad_output/*          upstream gradients given to a layer case
+    5. grad_act/*             activation gradients, in backward order (the reference's order)
+    6. grad_input/*, grad/*   input and parameter gradients
+
+so the named tensor is the earliest computation whose result disagrees: everything it read
+agreed, and it is the place to look. Keys found in one file only are listed, not failed (an
+implementation need not expose every activation).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core.npz import from_json_array, load_npz
+from ..core.tolerances import Tolerance, torch_tolerance
+from .case_file import Case
+from .fixtures import TensorComparison, compare_arrays
+
+SEARCH_ORDER = ("input", "param", "act", "output", "loss", "grad_output", "grad_act",
+                "grad_input", "grad")
+GROUPS = {"input": "data", "param": "data", "grad_output": "data", "act": "forward",
+          "output": "forward", "loss": "forward", "grad_act": "backward",
+          "grad_input": "backward", "grad": "backward"}
+
+
+def section(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+@dataclass
+class Row:
+    comparison: TensorComparison
+    reference_shape: tuple
+    their_shape: tuple
+
+    def to_dict(self) -> dict:
+        c = self.comparison
+        finite = lambda value: value if np.isfinite(value) else None  # noqa: E731 (JSON)
+        return {"key": c.key, "max_abs_error": finite(c.max_abs_error),
+                "max_rel_error": finite(c.max_rel_error),
+                "worst_index": None if c.worst_index is None else list(c.worst_index),
+                "reference_shape": list(self.reference_shape),
+                "their_shape": list(self.their_shape), "passed": c.passed}
+
+
+@dataclass
+class Comparison:
+    reference: str
+    theirs: str
+    dtype: str
+    level: str
+    tolerance: Tolerance
+    rows: list[Row] = field(default_factory=list)      # in SEARCH_ORDER
+    only_reference: list[str] = field(default_factory=list)
+    only_theirs: list[str] = field(default_factory=list)
+
+    @property
+    def first_divergence(self) -> Row | None:
+        return next((row for row in self.rows if not row.comparison.passed), None)
+
+    @property
+    def passed(self) -> bool:
+        return self.first_divergence is None
+
+    def to_dict(self) -> dict:
+        first = self.first_divergence
+        return {"reference": self.reference, "theirs": self.theirs, "dtype": self.dtype,
+                "level": self.level, "rtol": self.tolerance.rtol, "atol": self.tolerance.atol,
+                "passed": self.passed,
+                "first_divergence": None if first is None else first.comparison.key,
+                "tensors": [row.to_dict() for row in self.rows],
+                "only_in_reference": self.only_reference, "only_in_theirs": self.only_theirs}
+
+    def __str__(self) -> str:
+        t = self.tolerance
+        lines = [f"numpy-tf compare: {self.reference} (reference) vs {self.theirs}",
+                 f"{len(self.rows)} shared tensors, {self.dtype} {self.level} tolerance: pass "
+                 f"if |theirs - ref| <= {t.rtol:g} |ref| + {t.atol:g} max(1, S)"]
+        table = [("tensor", "shape", "max abs err", "max rel err", "worst index", "verdict")]
+        for row in self.rows:
+            c = row.comparison
+            shape = str(row.reference_shape) if row.reference_shape == row.their_shape else \
+                f"{row.reference_shape} vs {row.their_shape}"
+            table.append((c.key, shape, f"{c.max_abs_error:.1e}", f"{c.max_rel_error:.1e}",
+                          "-" if c.worst_index is None else str(c.worst_index),
+                          "ok" if c.passed else "DIVERGES"))
+        widths = [max(len(line[i]) for line in table) for i in range(5)]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1]
+                  for line in table]
+        for label, keys in (("only in the reference", self.only_reference),
+                            ("only in theirs", self.only_theirs)):
+            if keys:
+                lines.append(f"{label} ({len(keys)}): {', '.join(keys)}")
+        first = self.first_divergence
+        if first is None:
+            lines.append("every shared tensor agrees")
+        else:
+            failed = sum(not row.comparison.passed for row in self.rows)
+            lines.append(f"first divergence: {first.comparison.key} (max abs error "
+                         f"{first.comparison.max_abs_error:.1e} at {first.comparison.worst_index})"
+                         f": everything before it agrees, so look here first; {failed} of "
+                         f"{len(self.rows)} tensors diverge")
+        return "\n".join(lines)
+
+
+def _read(path) -> tuple[dict, dict[str, np.ndarray]]:
+    """(meta or {}, arrays) of a case file; their file need not have a meta."""
+    arrays = load_npz(path)
+    meta = from_json_array(arrays.pop("meta")) if "meta" in arrays else {}
+    return meta, arrays
+
+
+def _search_key(key: str, position: int) -> tuple:
+    name = section(key)
+    rank = SEARCH_ORDER.index(name) if name in SEARCH_ORDER else len(SEARCH_ORDER)
+    return rank, position
+
+
+def _dtype(*array_sets: dict[str, np.ndarray]) -> str:
+    floats = {a.dtype for arrays in array_sets for a in arrays.values() if a.dtype.kind == "f"}
+    return "float32" if np.dtype(np.float32) in floats or not floats else "float64"
+
+
+def compare_files(reference, theirs, level: str | None = None) -> Comparison:
+    """Compare the case file `theirs` with the case file `reference` (see the module text)."""
+    if not Path(reference).is_file() or not Path(theirs).is_file():
+        missing = reference if not Path(reference).is_file() else theirs
+        raise FileNotFoundError(f"no such case file: {missing}")
+    reference_case = Case.load(reference)
+    _, their_arrays = _read(theirs)
+    reference_arrays = reference_case.arrays
+    level = level or reference_case.meta.get("level", "model")
+    dtype = _dtype(reference_arrays, their_arrays)
+    tolerance = torch_tolerance(dtype, level)
+    shared = sorted((key for key in reference_arrays if key in their_arrays),
+                    key=lambda key: _search_key(key, list(reference_arrays).index(key)))
+    scales: dict[str, float] = {}
+    for key in shared:
+        group = GROUPS.get(section(key), "other")
+        value = np.abs(reference_arrays[key].astype(np.float64)).max(initial=0.0)
+        scales[group] = max(scales.get(group, 0.0), float(value))
+    result = Comparison(str(reference), str(theirs), dtype, level, tolerance)
+    for key in shared:
+        ours, theirs_array = reference_arrays[key], their_arrays[key]
+        comparison = compare_arrays(key, theirs_array, ours, tolerance,
+                                    scales[GROUPS.get(section(key), "other")])
+        result.rows.append(Row(comparison, ours.shape, theirs_array.shape))
+    result.only_reference = [key for key in reference_arrays if key not in their_arrays]
+    result.only_theirs = [key for key in their_arrays if key not in reference_arrays]
+    if not shared:
+        raise ValueError(f"{reference} and {theirs} share no tensor names; is {theirs} a case "
+                         "file written for this reference (param/..., act/..., grad/...)?")
+    return result

@@ -1,0 +1,367 @@
+"""Case export: one .npz file holding everything needed to check an implementation of a whole
+model against numpy_tf, number by number (SPEC §7).
+
+    case = export_case("tiny-gpt", seed=0, dtype="float64")        # or "gpt2", config=...
+    case.save("case.npz")
+
+The file is a zip of .npy arrays (np.load(path, allow_pickle=False); any language with an npy
+reader can open it). Its keys, in this order (the order is part of the format):
+
+    meta                  0-d string, JSON: model, config, seed, dtype, versions, loss, every
+                          convention the numbers follow (meta["conventions"]), this key list
+    param/<name>          every parameter (torch-style state_dict names; a tied weight under
+                          each of its names)
+    input/<name>          ids (B, T) int64; key_padding_mask (B, T) bool, True at padding (if
+                          any); the transformer's: src_ids, decoder_input, target (-100 where
+                          nothing is predicted), src_key_padding_mask, tgt_key_padding_mask;
+                          BERT's: ids (after masking), labels (-100 where nothing is asked),
+                          token_type_ids, key_padding_mask (if any)
+    act/<module>          each named module's forward output, in forward call order
+    output/logits         (B, T, V)
+    loss                  0-d: the objective meta["loss"] defines
+    grad_act/<module>     dL/d(act/<module>), in the order backward reached each module
+    grad/<name>           dL/d(param/<name>); a tied weight's is the sum of its uses
+
+`<module>` is the numpy_tf module name (blocks.0.norm1, blocks.0.attention.qkv, ...; a module
+called twice in one pass is `<module>#2` the second time). Every float array has the case's
+dtype. Weights and inputs are drawn from numpy.random.default_rng(seed): weights first, in
+named_parameters order, N(0, s^2) with s = init_std (default 1.2 / sqrt(width), so attention
+is far from uniform and the case has teeth), norm weights 1 + N(0, 0.2^2); then the ids.
+
+Models are one table, EXPORTS (tiny-gpt, gpt2, llama, transformer, bert): adding a model kind is
+one ModelExport entry.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..core.module import Module, float_dtype, record_activations
+from ..models.bert import Bert, BertConfig
+from ..models.encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
+from ..models.gpt import GPT, GPTConfig
+from ..models.llama import Llama, LlamaConfig
+from ..models.objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss
+from ..text.datasets import mask_tokens, reverse_digits
+from .case_file import Case
+
+ORDER = ["meta", "param/<name>", "input/<name>", "act/<module> (forward order)",
+         "output/<name>", "loss", "grad_act/<module> (backward order)", "grad/<name>"]
+
+NEXT_TOKEN_LOSS = {
+    "name": "next_token_cross_entropy", "ignore_index": -100,
+    "definition": "mean over the kept (b, t) of -log softmax(logits[b, t])[ids[b, t + 1]]; the "
+                  "last position, padded positions and positions followed by padding are not "
+                  "kept (their target is ignore_index); 0.0 with zero gradients if nothing is "
+                  "kept"}
+TARGET_LOSS = {
+    "name": "target_cross_entropy", "ignore_index": -100,
+    "definition": "mean over the (b, t) with target[b, t] != -100 of "
+                  "-log softmax(logits[b, t])[target[b, t]] (teacher forcing: the decoder reads "
+                  "decoder_input = BOS + reversed digits and predicts target = reversed digits "
+                  "+ EOS)"}
+MASKED_LM_LOSS = {
+    "name": "masked_lm_cross_entropy", "ignore_index": -100,
+    "definition": "mean over the (b, t) whose labels[b, t] is not -100 of -log softmax(logits"
+                  "[b, t])[labels[b, t]] (HF BertForMaskedLM's labels= loss); 0.0 with zero "
+                  "gradients if no label is given"}
+KEYWORD_INPUTS = ("key_padding_mask", "src_key_padding_mask", "tgt_key_padding_mask",
+                  "token_type_ids")
+LINEAR_LAYOUT = "(out_features, in_features), y = x W^T + b"
+
+
+@dataclass(frozen=True)
+class ModelExport:
+    """How to export one model kind."""
+    presets: dict[str, dict]                        # preset name -> config fields
+    build: Callable[[dict, np.dtype], Module]       # (config fields, dtype) -> model
+    objective: Callable[[Module], Module]           # model -> objective: forward(**inputs)
+    inputs: Callable[[Module, np.random.Generator, int, int | None, int], dict]
+    conventions: Callable[[Module], dict]
+    loss: dict                                      # meta["loss"]; "name" picks the torch loss
+    width: Callable[[Module], int]                  # for the default weight spread
+
+
+def _lm_inputs(model: Module, g: np.random.Generator, batch: int, length: int | None,
+               pad: int) -> dict:
+    """ids (batch, length) uniform over the vocabulary; `pad` padded positions at the end of
+    the last row (a key_padding_mask, True at padding)."""
+    longest = getattr(model.config, "max_context", None)
+    length = min(7, longest or 7) if length is None else length
+    if length < 1 or (longest is not None and length > longest):
+        raise ValueError(f"length must be in [1, max_context = {longest}]; got {length}")
+    if not 0 <= pad < length:
+        raise ValueError(f"pad must be in [0, length = {length}); got {pad}")
+    inputs = {"ids": g.integers(0, model.config.vocab_size, (batch, length), dtype=np.int64)}
+    if pad:
+        inputs["key_padding_mask"] = np.zeros((batch, length), dtype=bool)
+        inputs["key_padding_mask"][-1, length - pad:] = True
+    return inputs
+
+
+def _gpt_conventions(model: GPT) -> dict:
+    c = model.config
+    block = ("Pre-LN: u = x + attention(norm1(x)); y = u + feedforward(norm2(u))" if
+             c.norm_first else "Post-LN: u = norm1(x + attention(x)); y = norm2(u + "
+             "feedforward(u))")
+    activation = {"gelu": "exact GELU x Phi(x) (erf; torch.nn.GELU(approximate='none'))",
+                  "gelu_tanh": "tanh GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) "
+                               "(torch approximate='tanh', HF gelu_new)",
+                  "relu": "ReLU"}[c.activation]
+    return {
+        "model": "ids -> tokens (embedding) -> positions (adds learned rows 0..T-1) -> blocks "
+                 "-> final_norm -> output (Linear, no bias) = logits",
+        "block": block,
+        "attention": f"causal self-attention, {c.heads} heads of {c.width // c.heads}: one "
+                     "fused Linear `qkv` (C -> 3C) whose output columns are [q | k | v], each "
+                     "(B, T, C) -> (B, H, T, d); scores q k^T / sqrt(d); query i sees keys "
+                     "j <= i; softmax over keys (row max subtracted); heads merged back to "
+                     "(B, T, C), then the Linear `output`",
+        "key_padding_mask": "(B, T) bool, True = padding: blocked as a key (a query row with "
+                            "every key blocked gives zeros, never NaN)",
+        "layernorm": f"over the last axis, biased variance (divide by C), eps = {c.norm_eps} "
+                     "inside the square root, weight and bias",
+        "feedforward": f"Sequential: feedforward.0 Linear(C, {c.hidden or 4 * c.width}), "
+                       f"feedforward.1 {activation}, feedforward.2 Linear back to C",
+        "gelu": activation,
+        "positions": "learned absolute positions (a (max_context, C) table); no RoPE",
+        "rope": "none",
+        "biases": f"attention {c.attention_bias}, feedforward {c.ffn_bias}, output head none",
+        "tied": "output.weight IS tokens.weight (one Parameter, listed under both names; its "
+                "gradient is the sum of both uses)" if c.tied else "untied",
+        "dropout": "none (p = 0: the case is deterministic)",
+        "linear_weight_layout": LINEAR_LAYOUT,
+    }
+
+
+def _llama_conventions(model: Llama) -> dict:
+    c = model.config
+    return {
+        "model": "ids -> embed_tokens -> layers -> norm -> lm_head (Linear, no bias) = logits; "
+                 "names are HF LlamaForCausalLM's without the `model.` prefix",
+        "block": "u = x + self_attn(input_layernorm(x)); y = u + mlp(post_attention_layernorm"
+                 "(u))",
+        "attention": f"causal self-attention, {c.num_attention_heads} query heads and "
+                     f"{c.kv_heads} key/value heads of {c.head_width}; q_proj, k_proj, v_proj, "
+                     "o_proj; key/value head j serves query heads j r .. j r + r - 1 (HF "
+                     "repeat_kv); scores q k^T / sqrt(d); query i sees keys j <= i",
+        "rope": f"on q and k after the projections, halves layout (HF rotate_half: pairs "
+                f"(i, i + d/2)), inv_freq_i = {c.rope_theta:g}^(-2i/d), positions 0 .. T-1, "
+                "angles in the working dtype (HF computes them in float32)",
+        "rmsnorm": f"w x / sqrt(mean(x^2) + eps), eps = {c.rms_norm_eps:g}, over the last axis, "
+                   "in the working dtype (HF casts to float32)",
+        "mlp": "SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x))",
+        "key_padding_mask": "(B, T) bool, True = padding: blocked as a key",
+        "biases": f"attention {c.attention_bias}, mlp {c.mlp_bias}, lm_head none",
+        "tied": "lm_head.weight IS embed_tokens.weight (listed under both names; its gradient "
+                "is the sum of both uses)" if c.tie_word_embeddings else "untied",
+        "positions": "RoPE only (no absolute positions)", "gelu": "none (SiLU in the MLP)",
+        "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
+    }
+
+
+def _digit_inputs(model: Seq2Seq, g: np.random.Generator, batch: int, length: int | None,
+                  pad: int) -> dict:
+    """The digit-reversal task (numpy_tf.data.reverse_digits): `batch` strings of random
+    lengths in [1, length], so the shorter ones are padded on both sides."""
+    if pad:
+        raise ValueError("pad applies to the decoder-only models; the transformer's digit "
+                         "strings are padded by their random lengths")
+    task = reverse_digits(batch, g, 1, 5 if length is None else length)
+    return {"src_ids": task.source, "decoder_input": task.decoder_input,
+            "target": task.target, "src_key_padding_mask": task.source_padding_mask,
+            "tgt_key_padding_mask": task.target_padding_mask}
+
+
+def _seq2seq_conventions(model: Seq2Seq) -> dict:
+    c = model.config
+    return {
+        "model": "src_ids -> src_embedding [* sqrt(d_model)] -> positions -> "
+                 "transformer.encoder = memory; decoder_input -> tgt_embedding [* sqrt(d_model)] "
+                 "-> positions (its second call: act/positions#2) -> transformer.decoder(., "
+                 "memory) -> output (Linear with bias) = logits; transformer.* are "
+                 "torch.nn.Transformer(batch_first=True)'s names",
+        "scale_embeddings": c.scale_embeddings,
+        "block": ("Pre-LN" if c.norm_first else "Post-LN (torch's default)") +
+                 f", {c.activation} feed-forward of {c.dim_feedforward}, {c.nhead} heads, "
+                 "final LayerNorms transformer.encoder.norm and transformer.decoder.norm",
+        "masks": "src_key_padding_mask (B, S) and tgt_key_padding_mask (B, T) bool, True = "
+                 "padding; the source padding is also the memory's (memory_key_padding_mask); "
+                 "the decoder's self-attention is causal",
+        "positions": "sinusoidal PE(t, 2i) = sin(t 10000^(-2i/C)), PE(t, 2i+1) = cos(.), added",
+        "layernorm": f"biased variance over the last axis, eps = {c.layer_norm_eps} inside "
+                     "the square root",
+        "gelu": "exact (erf)" if c.activation == "gelu" else "none (ReLU)",
+        "rope": "none", "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
+    }
+
+
+class _MaskedLM(MaskedLMLoss):
+    """MaskedLMLoss with the case's input names: forward(ids, labels, key_padding_mask=None,
+    token_type_ids=None)."""
+
+    def forward(self, ids, labels, key_padding_mask=None, token_type_ids=None):
+        return super().forward(ids, labels, key_padding_mask=key_padding_mask,
+                               token_type_ids=token_type_ids)
+
+
+def _mlm_inputs(model: Bert, g: np.random.Generator, batch: int, length: int | None,
+                pad: int) -> dict:
+    """Random ids with `pad` padded positions at the end of the last row (pad_token_id there),
+    corrupted by numpy_tf.data.mask_tokens with the last id as [MASK] and half the real tokens
+    chosen (BERT's 15 % would leave a case of a few tokens with one label or none); segments
+    0 for the first half of each row and 1 after (with type_vocab_size 2 or more)."""
+    c = model.config
+    inputs = _lm_inputs(model, g, batch, length if length is not None else
+                        min(7, c.max_position_embeddings), pad)
+    ids, padding = inputs["ids"], inputs.get("key_padding_mask")
+    if padding is not None and c.pad_token_id is not None:
+        ids[padding] = c.pad_token_id
+    inputs["ids"], inputs["labels"] = mask_tokens(ids, g, c.vocab_size - 1, c.vocab_size,
+                                                  padding_mask=padding, probability=0.5)
+    if c.type_vocab_size:
+        segments = np.zeros(ids.shape, dtype=np.int64)
+        segments[:, ids.shape[1] // 2:] = min(1, c.type_vocab_size - 1)
+        inputs["token_type_ids"] = segments
+    return inputs
+
+
+def _bert_conventions(model: Bert) -> dict:
+    c = model.config
+    activation = "exact GELU x Phi(x) (erf)" if c.hidden_act == "gelu" else "ReLU"
+    return {
+        "model": "ids -> embeddings (word + segment (token_type_ids) + learned positions "
+                 "0..T-1, then LayerNorm) -> encoder (torch.nn.TransformerEncoder names: "
+                 "encoder.layers.i.self_attn with in_proj_weight = [q; k; v], linear1, "
+                 "linear2, norm1, norm2) -> mlm_head (dense, activation, layer_norm, decoder "
+                 "with bias) = logits at every position",
+        "block": ("Pre-LN, with a final encoder.norm" if c.norm_first else
+                  "Post-LN (BERT): u = norm1(x + self_attn(x)); y = norm2(u + ffn(u))"),
+        "attention": f"bidirectional self-attention, {c.num_attention_heads} heads of "
+                     f"{c.hidden_size // c.num_attention_heads}; scores q k^T / sqrt(d)",
+        "key_padding_mask": "(B, T) bool, True = padding: blocked as a key; padded positions "
+                            f"hold pad_token_id = {c.pad_token_id}, whose word embedding row "
+                            "gets no gradient",
+        "masking": f"numpy_tf.data.mask_tokens with [MASK] = {c.vocab_size - 1} (the last id) "
+                   "and probability 0.5: each chosen real token becomes [MASK] (0.8), a random "
+                   "id (0.1) or stays (0.1); labels hold the original ids there",
+        "layernorm": f"biased variance over the last axis, eps = {c.layer_norm_eps} inside "
+                     "the square root",
+        "feedforward": f"linear1 (C -> {c.intermediate_size}), {activation}, linear2",
+        "gelu": activation if c.hidden_act == "gelu" else "none (ReLU)",
+        "positions": "learned absolute positions; act/embeddings.position_embeddings is its "
+                     "input plus the rows 0..T-1 (numpy_tf's positions module adds them)"
+                     if c.position_embeddings else "none",
+        "rope": "none",
+        "tied": "mlm_head.decoder.weight IS embeddings.word_embeddings.weight (listed under "
+                "both names; its gradient is the sum of both uses)" if c.tie_word_embeddings
+                else "untied",
+        "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
+    }
+
+
+_GPT = dict(build=None, objective=NextTokenLoss, inputs=_lm_inputs,
+            conventions=_gpt_conventions, loss=NEXT_TOKEN_LOSS,
+            width=lambda model: model.config.width)
+
+EXPORTS: dict[str, ModelExport] = {
+    "tiny-gpt": ModelExport(**{**_GPT, "presets": {"tiny": {}},
+                               "build": lambda fields, dtype: GPT(GPTConfig.tiny(**fields),
+                                                                  dtype=dtype)}),
+    "gpt2": ModelExport(**{**_GPT, "presets": {
+        "gpt2-tiny": dict(vocab_size=24, max_context=10, width=16, heads=4, layers=2),
+        "gpt2-124m": {}},
+        "build": lambda fields, dtype: GPT(GPTConfig.gpt2(**fields), dtype=dtype)}),
+    "llama": ModelExport(
+        presets={"llama-tiny": {"num_key_value_heads": 2},
+                 "smollm2-135m": LlamaConfig.smollm2_135m().to_dict()},
+        build=lambda fields, dtype: Llama(LlamaConfig(**fields), dtype=dtype),
+        objective=NextTokenLoss, inputs=_lm_inputs, conventions=_llama_conventions,
+        loss=NEXT_TOKEN_LOSS, width=lambda model: model.config.hidden_size),
+    "transformer": ModelExport(
+        presets={"digits": {}},
+        build=lambda fields, dtype: Seq2Seq(Seq2SeqConfig(**fields), dtype=dtype),
+        objective=Seq2SeqLoss, inputs=_digit_inputs, conventions=_seq2seq_conventions,
+        loss=TARGET_LOSS, width=lambda model: model.config.d_model),
+    "bert": ModelExport(
+        presets={"bert-tiny": {}},
+        build=lambda fields, dtype: Bert(BertConfig(**fields), dtype=dtype),
+        objective=_MaskedLM, inputs=_mlm_inputs, conventions=_bert_conventions,
+        loss=MASKED_LM_LOSS, width=lambda model: model.config.hidden_size),
+}
+
+
+def resolve_config(model: str, config: str | dict | None = None,
+                   overrides: dict | None = None) -> dict:
+    """Config fields: a preset name (None: the first preset) or a dict, then `overrides`."""
+    entry = model_export(model)
+    if config is None or isinstance(config, str):
+        name = next(iter(entry.presets)) if config is None else config
+        if name not in entry.presets:
+            raise ValueError(f"config {name!r} is neither a preset of {model} ("
+                             + ", ".join(entry.presets) + ") nor config fields (a dict; on the "
+                             "command line a JSON file or inline JSON)")
+        config = entry.presets[name]
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a preset name or a dict; got {type(config).__name__}")
+    return {**config, **(overrides or {})}
+
+
+def model_export(model: str) -> ModelExport:
+    if model not in EXPORTS:
+        raise ValueError(f"unknown model {model!r}; numpy_tf exports {', '.join(EXPORTS)}")
+    return EXPORTS[model]
+
+
+def spread_weights(model: Module, g: np.random.Generator, std: float) -> None:
+    """Every parameter N(0, std^2), norm weights 1 + N(0, 0.2^2), drawn in float64 in
+    named_parameters order (a tied Parameter once) and cast to the model's dtype."""
+    for name, parameter in model.named_parameters():
+        noise = g.standard_normal(parameter.shape)
+        is_norm_weight = "norm" in name.rsplit(".", 1)[0] and name.endswith("weight")
+        parameter.data[...] = (1.0 + 0.2 * noise) if is_norm_weight else std * noise
+
+
+def export_case(model: str, config: str | dict | None = None, overrides: dict | None = None,
+                *, seed: int = 0, dtype="float64", batch: int = 2, length: int | None = None,
+                pad: int = 0, init_std: float | None = None) -> Case:
+    """The case of `model` (a key of EXPORTS) built from `config` (see resolve_config), with
+    weights and inputs drawn from `seed` (see the module text)."""
+    from .. import __version__
+
+    entry = model_export(model)
+    dtype = float_dtype(dtype)
+    fields = resolve_config(model, config, overrides)
+    try:
+        network = entry.build(fields, dtype)
+    except TypeError as error:
+        raise ValueError(f"config for {model}: {error}") from None
+    g = np.random.default_rng(seed)
+    std = 1.2 / math.sqrt(entry.width(network)) if init_std is None else float(init_std)
+    spread_weights(network, g, std)
+    inputs = entry.inputs(network, g, batch, length, pad)
+    objective = entry.objective(network)
+    with record_activations(network) as recorder:
+        loss, cache = objective.forward(**inputs)
+        network.zero_grad()
+        objective.backward(1.0, cache)
+    arrays = {f"param/{name}": value.copy() for name, value in network.state_dict().items()}
+    arrays.update({f"input/{name}": value for name, value in inputs.items()})
+    arrays.update({f"act/{name}": value for name, value in recorder.activations.items()})
+    arrays["output/logits"] = cache.logits
+    arrays["loss"] = np.asarray(loss)
+    arrays.update({f"grad_act/{name}": value for name, value in recorder.gradients.items()})
+    arrays.update({f"grad/{name}": value.copy() for name, value in network.grad_dict().items()})
+    meta = {"generator": "numpy_tf.export", "numpy_tf": __version__, "numpy": np.__version__,
+            "model": model, "kind": model, "level": "model", "seed": seed,
+            "dtype": dtype.name, "config": network.config.to_dict(), "init_std": std,
+            "inputs": list(inputs), "keyword_inputs": [k for k in inputs if k in KEYWORD_INPUTS],
+            "outputs": ["logits"], "loss": entry.loss, "order": ORDER,
+            "conventions": {**entry.conventions(network), "dtype": f"every float array is "
+                            f"{dtype.name}; ids int64; masks bool",
+                            "act": "act/<module> = the module's forward output; grad_act/"
+                                   "<module> = dL/d(that output); <module>#2 = second call"}}
+    return Case(meta, arrays)

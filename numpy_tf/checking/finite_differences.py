@@ -1,0 +1,396 @@
+"""Check a backward against finite differences of its own forward, in float64.
+
+The check is a numerical vector-Jacobian product. For a forward `out = f(x1, x2, ...)` and a
+random upstream gradient g (never all ones: LayerNorm's input gradient is then exactly zero),
+the scalar L = <g, f(x1, x2, ...)> has gradient dL/dxk = J_k^T g, which is what backward(g, cache)
+must return. Central differences estimate each element:
+
+    dL/dx[i] ~ (L(x + h e_i) - L(x - h e_i)) / 2h                       ("full" mode)
+
+with h = step max(1, |x[i]|), so that an entry of 1e4 is not perturbed below its rounding
+(for a Module, each perturbed forward recomputes only what lies downstream of the perturbed
+Parameter and reuses the unperturbed rest: see _Downstream),
+
+or, for a whole model at the cost of two forwards per direction, one random direction v over all
+checked tensors at once:
+
+    <J^T g, v> ~ (L(x + h v) - L(x - h v)) / 2h                          ("fast" mode)
+
+Usage, from any script (a student's own functions work the same way):
+
+    from numpy_tf import gradcheck, layernorm_forward, layernorm_backward
+    report = gradcheck(layernorm_forward, layernorm_backward, {"x": x, "weight": w, "bias": b})
+    print(report)            # one row per tensor: errors, worst index, verdict
+    assert report.passed
+
+`forward(**inputs)` must return (out, cache) and `backward(g, cache)` the gradients: one array,
+a tuple whose i-th entry belongs to the i-th float array among the inputs (None entries are
+skipped), or a dict {name: gradient}. Integer and boolean inputs (ids, masks) are passed through
+unchanged and never differentiated.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..core.module import Module
+from ..core.tolerances import FD_STEP, FINITE_DIFFERENCE
+
+
+@dataclass
+class GradcheckRow:
+    name: str
+    shape: tuple
+    max_abs_error: float        # max |analytic - numerical|
+    max_rel_error: float        # max |a - n| / |n| over elements with n != 0
+    worst_index: tuple | None   # the element that is furthest outside the tolerance
+    norm_rel_error: float       # ||a - n|| / ||n||
+    passed: bool
+    zero: bool = False          # n is at finite-difference noise level (a gradient that is 0,
+                                # e.g. a key bias's): norm_rel_error compares noise with noise
+
+    def to_dict(self) -> dict:
+        row = asdict(self)
+        row["shape"] = list(self.shape)
+        row["worst_index"] = None if self.worst_index is None else list(self.worst_index)
+        return row
+
+
+@dataclass
+class GradcheckReport:
+    title: str
+    mode: str                   # "full" or "fast"
+    rows: list[GradcheckRow]
+
+    @property
+    def passed(self) -> bool:
+        return all(row.passed for row in self.rows)
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((row.max_abs_error for row in self.rows), default=0.0)
+
+    @property
+    def max_norm_rel_error(self) -> float:
+        """The largest ||a - n|| / ||n|| over the rows whose gradient is not zero (a zero
+        gradient's rows pass or fail on the elementwise test alone)."""
+        return max((row.norm_rel_error for row in self.rows if not row.zero), default=0.0)
+
+    def to_dict(self) -> dict:
+        return {"title": self.title, "mode": self.mode, "passed": self.passed,
+                "rows": [row.to_dict() for row in self.rows]}
+
+    def __str__(self) -> str:
+        tol = FINITE_DIFFERENCE
+        header = (f"gradcheck {self.title}: {self.mode} finite differences in float64, step "
+                  f"{FD_STEP:g}; pass if |a - n| <= {tol.rtol:g}|n| + {tol.atol:g} max(1, S), "
+                  "S = max|n| over all tensors")
+        columns = ("tensor", "shape", "max abs err", "max rel err", "worst index",
+                   "norm rel err", "verdict")
+        table = [columns] + [
+            (row.name, str(row.shape), f"{row.max_abs_error:.2e}", f"{row.max_rel_error:.2e}",
+             "-" if row.worst_index is None else str(row.worst_index),
+             f"{row.norm_rel_error:.2e}", "pass" if row.passed else "FAIL")
+            for row in self.rows]
+        widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+                 for line in table]
+        verdict = "all passed" if self.passed else \
+            f"{sum(not row.passed for row in self.rows)} FAILED"
+        return "\n".join([header] + lines + [verdict])
+
+
+def compare_gradients(name: str, analytic: np.ndarray, numerical: np.ndarray,
+                      skip: np.ndarray | None = None, scale: float | None = None) -> GradcheckRow:
+    """One report row: the analytic gradient against its finite-difference estimate, over the
+    elements not in `skip`. `scale` is the largest |n| over every tensor checked together
+    (default: this tensor's)."""
+    analytic = np.asarray(analytic, dtype=np.float64)
+    numerical = np.asarray(numerical, dtype=np.float64)
+    if analytic.shape != numerical.shape:
+        return GradcheckRow(name, numerical.shape, math.inf, math.inf, None, math.inf, False)
+    if skip is not None:
+        analytic, numerical = np.where(skip, 0.0, analytic), np.where(skip, 0.0, numerical)
+    error = np.abs(analytic - numerical)
+    magnitude = np.abs(numerical)
+    if scale is None:
+        scale = float(magnitude.max(initial=0.0))
+    allowed = FINITE_DIFFERENCE.allowed(numerical, scale)
+    excess = np.where(np.isfinite(error), error / allowed, np.inf)
+    worst = tuple(int(i) for i in np.unravel_index(np.argmax(excess), excess.shape)) \
+        if excess.size else None
+    nonzero = magnitude > 0
+    max_rel = float((error[nonzero] / magnitude[nonzero]).max(initial=0.0))
+    norm = float(np.linalg.norm(numerical))
+    norm_rel = float(np.linalg.norm(analytic - numerical)) / norm if norm else \
+        float(np.linalg.norm(analytic))
+    passed = bool(np.all(error <= allowed)) and bool(np.all(np.isfinite(analytic)))
+    zero = norm <= FINITE_DIFFERENCE.atol * max(1.0, scale) * math.sqrt(max(numerical.size, 1))
+    return GradcheckRow(name, numerical.shape, float(error.max(initial=0.0)), max_rel, worst,
+                        norm_rel, passed, zero)
+
+
+# -- the objective L = <g, f(...)> ----------------------------------------------------------
+def _inner(g: np.ndarray, out: np.ndarray) -> float:
+    return float(np.sum(np.asarray(g, dtype=np.float64) * np.asarray(out, dtype=np.float64)))
+
+
+def _central_difference(objective: Callable[[], float], array: np.ndarray, index: int,
+                        step: float) -> float:
+    flat = array.reshape(-1)
+    original = flat[index]
+    h = step * max(1.0, abs(float(original)))   # relative for large entries (logits of 1e4)
+    flat[index] = original + h
+    plus = objective()
+    flat[index] = original - h
+    minus = objective()
+    flat[index] = original
+    return (plus - minus) / (2.0 * h)
+
+
+def _directional(objective: Callable[[], float], arrays: Sequence[np.ndarray],
+                 directions: Sequence[np.ndarray], step: float) -> float:
+    originals = [a.copy() for a in arrays]
+    step *= max([1.0] + [float(np.abs(a).max(initial=0.0)) for a in arrays])
+    for array, original, v in zip(arrays, originals, directions):
+        np.copyto(array, original + step * v)
+    plus = objective()
+    for array, original, v in zip(arrays, originals, directions):
+        np.copyto(array, original - step * v)
+    minus = objective()
+    for array, original in zip(arrays, originals):
+        np.copyto(array, original)
+    return (plus - minus) / (2.0 * step)
+
+
+def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.ndarray],
+           analytic: Mapping[str, np.ndarray], fast: bool, directions: int, step: float,
+           rng: np.random.Generator, skip: Mapping[str, np.ndarray],
+           perturbing: Callable[[str], None] | None = None) -> GradcheckReport:
+    """Compare `analytic` with finite differences of `objective` over the float64 `tensors`
+    (which the objective reads, and which are perturbed in place and restored bit for bit).
+    Elements in `skip` (constant by definition) are neither perturbed nor compared.
+    `perturbing(name)` is told which tensor the full mode is about to perturb."""
+    if not fast:
+        numericals = {}
+        for name, array in tensors.items():
+            if perturbing is not None:
+                perturbing(name)
+            mask = skip.get(name)
+            numericals[name] = np.array([
+                0.0 if mask is not None and mask.flat[i] else
+                _central_difference(objective, array, i, step)
+                for i in range(array.size)]).reshape(array.shape)
+        scale = max(float(np.abs(n).max(initial=0.0)) for n in numericals.values())
+        rows = []
+        for name, numerical in numericals.items():
+            mask = skip.get(name)
+            label = name if mask is None else f"{name} ({int(mask.sum())} constant skipped)"
+            rows.append(compare_gradients(label, analytic[name], numerical, mask, scale))
+        return GradcheckReport(title, "full", rows)
+    rows = []
+    names = list(tensors)
+    for k in range(directions):
+        vs = [rng.standard_normal(tensors[name].shape) for name in names]
+        vs = [np.where(skip[name], 0.0, v) if name in skip else v for name, v in zip(names, vs)]
+        numerical = _directional(objective, [tensors[name] for name in names], vs, step)
+        predicted = sum(float(np.sum(np.asarray(analytic[name], dtype=np.float64) * v))
+                        for name, v in zip(names, vs))
+        label = f"direction {k} over {len(names)} tensor{'s' * (len(names) != 1)}"
+        rows.append(compare_gradients(label, np.array(predicted), np.array(numerical)))
+    return GradcheckReport(title, "fast", rows)
+
+
+def _gradients_by_name(grads, float_names: list[str]) -> dict[str, np.ndarray]:
+    if isinstance(grads, Mapping):
+        return dict(grads)
+    if isinstance(grads, np.ndarray) or grads is None:
+        grads = (grads,)
+    return {name: g for name, g in zip(float_names, grads) if g is not None}
+
+
+def gradcheck(forward: Callable, backward: Callable, inputs, *, wrt: Sequence[str] | None = None,
+              seed: int = 0, fast: bool = False, directions: int = 3, step: float = FD_STEP,
+              title: str | None = None) -> GradcheckReport:
+    """Check `backward` against finite differences of `forward` at `inputs` (a dict of keyword
+    arguments, or a list of positional ones named input0, input1, ...).
+
+    Float arrays are copied to float64 first; `wrt` restricts the check to some of them
+    (e.g. not a float mask). Returns a GradcheckReport: print it, or test `.passed`.
+    """
+    positional = not isinstance(inputs, Mapping)
+    named = {f"input{i}": v for i, v in enumerate(inputs)} if positional else dict(inputs)
+    arguments = {name: value.astype(np.float64) if _is_float(value) else value
+                 for name, value in named.items()}
+    float_names = [name for name, value in named.items() if _is_float(value)]
+    wrt = list(float_names if wrt is None else wrt)
+    for name in wrt:
+        if name not in float_names:
+            raise ValueError(f"wrt names {name!r}, which is not a float array among the inputs "
+                             f"({', '.join(float_names) or 'none'})")
+
+    def call():
+        return forward(*arguments.values()) if positional else forward(**arguments)
+
+    rng = np.random.default_rng(seed)
+    out, cache = call()
+    dout = rng.standard_normal(np.shape(out))
+    grads = _gradients_by_name(backward(dout, cache), float_names)
+    missing = [name for name in wrt if name not in grads]
+    if missing:
+        raise ValueError(f"backward returned no gradient for {', '.join(missing)}")
+    objective = lambda: _inner(dout, call()[0])  # noqa: E731
+    name = title or getattr(forward, "__name__", "forward")
+    return _check(name, objective, {n: arguments[n] for n in wrt}, grads, fast, directions,
+                  step, rng, {})
+
+
+_PLAIN = (type(None), bool, int, float, str, np.integer, np.floating)
+
+
+def _same_arguments(given: tuple, recorded: tuple) -> bool:
+    """The same inputs: arrays identical (the very object) or equal bit for bit, plain values
+    (None, numbers, strings) equal. Anything else (a Generator) never matches."""
+    if len(given) != len(recorded):
+        return False
+    for a, b in zip(given, recorded):
+        if a is b and not isinstance(a, np.random.Generator):
+            continue
+        if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+            if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
+                return False
+        elif not (isinstance(a, _PLAIN) and type(a) is type(b) and a == b):
+            return False
+    return True
+
+
+class _Downstream:
+    """Evaluates a Module's forward only downstream of the perturbed tensor.
+
+    Perturbing one Parameter changes the output of the modules that hold it and of those that
+    read what they produce, nothing upstream. So a first, unperturbed forward records every
+    module's (inputs, result); afterwards, a module that does not hold the perturbed Parameter
+    and is called with the recorded inputs (the very arrays an upstream module returned again,
+    or equal values) returns its recorded result without computing. Every objective value is
+    still a real forward: the reused parts are the ones the perturbation cannot reach. This
+    assumes what every Module here does: a forward reads only its inputs and its own
+    Parameters, is deterministic, and its callers do not write into its output (recorded
+    outputs are made read-only, so one that did would fail loudly instead of silently)."""
+
+    def __init__(self, root: Module, parameters: Mapping[str, object]):
+        self.parameters = parameters                # tensor name -> Parameter (inputs absent)
+        self.modules = [module for _, module in root.named_modules()
+                        if callable(getattr(module, "forward", None))]
+        self.holds = {id(m): {id(p) for p in m.parameters()} for m in self.modules}
+        self.recorded: dict[int, list] = {id(m): [] for m in self.modules}
+        self.perturbed: int | None = None
+        self.recording = True
+
+    def perturbing(self, name: str) -> None:
+        """A Parameter's name, or an input's: an input is perturbed in place, the very array
+        the record saw, so while one is perturbed nothing is reused."""
+        parameter = self.parameters.get(name)
+        self.perturbed = None if parameter is None else id(parameter)
+
+    def _wrap(self, module: Module):
+        # the class's own forward, under core's activation-recording wrapper (no recorder is
+        # active during a check, and the wrapper's call counts at these sizes)
+        method = type(module).forward
+        forward, key = getattr(method, "__wrapped__", method).__get__(module), id(module)
+
+        def replayed(*args, **kwargs):
+            given = args + tuple(kwargs.values())
+            if self.recording:
+                result = forward(*args, **kwargs)
+                if isinstance(result, tuple) and result and isinstance(result[0], np.ndarray):
+                    result[0].flags.writeable = False
+                self.recorded[key].append((given, tuple(kwargs), result))
+                return result
+            if self.perturbed is not None and self.perturbed not in self.holds[key]:
+                for inputs, names, result in self.recorded[key]:
+                    if names == tuple(kwargs) and _same_arguments(given, inputs):
+                        return result
+            return forward(*args, **kwargs)
+        return replayed
+
+    def __enter__(self) -> "_Downstream":
+        for module in self.modules:
+            module.forward = self._wrap(module)             # an instance attribute
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module in self.modules:
+            del module.forward                              # the class's forward again
+
+
+def gradcheck_module(module: Module, *inputs, wrt_inputs: bool = True, parameters: bool = True,
+                     seed: int = 0, fast: bool = False, directions: int = 3,
+                     step: float = FD_STEP, forward_kwargs: Mapping | None = None,
+                     title: str | None = None) -> GradcheckReport:
+    """Check a Module's backward for its float inputs and all its Parameters at once.
+
+    The module is copied to float64 (the original is untouched). Input gradients are what
+    backward returns (one array, or a tuple aligned with the float inputs); parameter gradients
+    are read from Parameter.grad after zero_grad().
+    """
+    module = module.astype(np.float64)
+    arguments = [value.astype(np.float64) if _is_float(value) else value for value in inputs]
+    kwargs = dict(forward_kwargs or {})
+    float_positions = [i for i, value in enumerate(arguments) if _is_float(value)]
+    rng = np.random.default_rng(seed)
+
+    def call():
+        return module.forward(*arguments, **kwargs)
+
+    out, cache = call()
+    dout = rng.standard_normal(np.shape(out))
+    module.zero_grad()
+    dinputs = module.backward(dout, cache)
+    if isinstance(dinputs, np.ndarray) or dinputs is None:
+        dinputs = (dinputs,)
+    tensors: dict[str, np.ndarray] = {}
+    analytic: dict[str, np.ndarray] = {}
+    if wrt_inputs:
+        for k, position in enumerate(float_positions):
+            name = f"input{position}"
+            gradient = dinputs[k] if k < len(dinputs) else None
+            if gradient is None:
+                raise ValueError(f"{type(module).__name__}.backward returned no gradient for "
+                                 f"float input {position}")
+            tensors[name], analytic[name] = arguments[position], gradient.copy()
+    if parameters:
+        for name, parameter in module.named_parameters():
+            tensors[name], analytic[name] = parameter.data, parameter.grad.copy()
+    objective = lambda: _inner(dout, call()[0])  # noqa: E731
+    skip = module.constant_elements() if parameters else {}
+    title = title or type(module).__name__
+    if fast:
+        return _check(title, objective, tensors, analytic, fast, directions, step, rng, skip)
+    return _full_module_check(title, module, objective, tensors, analytic, step, rng, skip)
+
+
+def _full_module_check(title, module, objective, tensors, analytic, step, rng, skip,
+                       downstream: bool = True) -> GradcheckReport:
+    """The full mode on a Module, each perturbation evaluated downstream of its tensor only
+    (_Downstream); with downstream=False, or if some caller writes into a module's output
+    (the unperturbed record then fails on a read-only array), every perturbation runs the
+    whole forward."""
+    if downstream:
+        with _Downstream(module, dict(module.named_parameters())) as replay:
+            try:
+                objective()                                 # the unperturbed record
+            except ValueError as error:
+                if "read-only" not in str(error):
+                    raise
+            else:
+                replay.recording = False
+                return _check(title, objective, tensors, analytic, False, 0, step, rng, skip,
+                              replay.perturbing)
+    return _check(title, objective, tensors, analytic, False, 0, step, rng, skip)
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind == "f"

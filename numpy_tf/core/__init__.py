@@ -1,0 +1,6 @@
+"""The core every other part stands on, importing nothing else of numpy_tf: Parameter and
+Module (module.py), the checks of user input (validate.py), what "equal" means (tolerances.py),
+safe .npz files (npz.py), and erf / erfc (special.py)."""
+from .module import (FLOAT_DTYPES, Module, ModuleList, Parameter, Sequential, float_dtype,
+                     record_activations)
+from .special import erf, erfc

@@ -1,0 +1,219 @@
+"""Exact converters between numpy_tf models and Hugging Face checkpoints.
+
+    model = interop.from_hf(config, state_dict, dtype=np.float64)
+        config: a Hugging Face config as a dict (config.to_dict()) of model_type gpt2, llama or
+        bert (BertForMaskedLM); state_dict: {HF key: numpy array} in HF layout (GPT-2's Conv1D
+        weights are (in, out); BERT's query, key and value join into one in_proj_weight)
+    params = interop.to_hf(model, config)              # the loaded state_dict, bit for bit
+    grads = interop.to_hf(model, config, grads=True)   # {HF key: gradient in HF layout}
+
+Each layout is a table of (numpy_tf name, other name, transposed?) rows (interop/layout.py; the
+BERT tables are in interop/hf_bert.py); loading checks every key, shape and config option first
+and names each problem. Options we do not implement are refused, never guessed.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping, NamedTuple
+
+import numpy as np
+
+from ..core.module import Module, float_dtype
+from ..models.bert import Bert
+from ..models.gpt import GPT, GPTConfig
+from ..models.llama import Llama, LlamaConfig
+from .hf_bert import bert_buffer, bert_config, bert_layout
+from .layout import Layout
+
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                     "gelu": "gelu", "relu": "relu"}
+
+
+# -- GPT-2 ------------------------------------------------------------------------------------
+def gpt2_config(config: Mapping) -> GPTConfig:
+    """numpy_tf's GPTConfig for a Hugging Face GPT2Config dict; refuses what we lack."""
+    activation = config.get("activation_function", "gelu_new")
+    if activation not in _GPT2_ACTIVATIONS:
+        raise ValueError(f"activation_function {activation!r} is not implemented; numpy_tf "
+                         f"supports {', '.join(sorted(_GPT2_ACTIVATIONS))}")
+    for key, supported in [("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx",
+                                                          False), ("add_cross_attention", False)]:
+        if config.get(key, supported) != supported:
+            raise ValueError(f"{key}={config[key]!r} is not implemented (numpy_tf's GPT-2 "
+                             f"needs {key}={supported!r})")
+    width = config["n_embd"]
+    return GPTConfig(vocab_size=config["vocab_size"], max_context=config["n_positions"],
+                     width=width, heads=config["n_head"], layers=config["n_layer"],
+                     hidden=config.get("n_inner") or 4 * width, attention_bias=True,
+                     ffn_bias=True, activation=_GPT2_ACTIVATIONS[activation],
+                     norm_eps=config.get("layer_norm_epsilon", 1e-5),
+                     tied=config.get("tie_word_embeddings", True),
+                     init_std=config.get("initializer_range", 0.02))
+
+
+def gpt2_layout(layers: int) -> Layout:
+    rows = [("tokens.weight", "transformer.wte.weight", False),
+            ("positions.weight", "transformer.wpe.weight", False)]
+    for i in range(layers):
+        ours, hf = f"blocks.{i}.", f"transformer.h.{i}."
+        for our_name, hf_name, transpose in [
+                ("norm1.weight", "ln_1.weight", False), ("norm1.bias", "ln_1.bias", False),
+                ("attention.qkv.weight", "attn.c_attn.weight", True),
+                ("attention.qkv.bias", "attn.c_attn.bias", False),
+                ("attention.output.weight", "attn.c_proj.weight", True),
+                ("attention.output.bias", "attn.c_proj.bias", False),
+                ("norm2.weight", "ln_2.weight", False), ("norm2.bias", "ln_2.bias", False),
+                ("feedforward.0.weight", "mlp.c_fc.weight", True),
+                ("feedforward.0.bias", "mlp.c_fc.bias", False),
+                ("feedforward.2.weight", "mlp.c_proj.weight", True),
+                ("feedforward.2.bias", "mlp.c_proj.bias", False)]:
+            rows.append((ours + our_name, hf + hf_name, transpose))
+    rows += [("final_norm.weight", "transformer.ln_f.weight", False),
+             ("final_norm.bias", "transformer.ln_f.bias", False),
+             ("output.weight", "lm_head.weight", False)]
+    return Layout(rows)
+
+
+def _gpt2_buffer(key: str) -> bool:
+    """Causal-mask buffers older transformers versions kept in the state_dict."""
+    return key.endswith(".attn.bias") or key.endswith(".attn.masked_bias")
+
+
+# -- Llama ------------------------------------------------------------------------------------
+def _llama_rope_theta(config: Mapping) -> float:
+    """rope_theta from transformers 5's `rope_parameters` or an older config's `rope_theta`;
+    any scaled RoPE (linear, dynamic, yarn, llama3, ...) is refused."""
+    parameters = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    for where, table in (("rope_parameters", parameters), ("rope_scaling", scaling)):
+        rope_type = table.get("rope_type", table.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"{where} has rope_type {rope_type!r}: scaled RoPE is not "
+                             "implemented (numpy_tf's Llama supports rope_type 'default' only)")
+    theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
+    if "rope_theta" in config and config["rope_theta"] != theta:
+        raise ValueError(f"rope_theta ({config['rope_theta']!r}) and rope_parameters' "
+                         f"rope_theta ({theta!r}) disagree")
+    return theta
+
+
+def llama_config(config: Mapping) -> LlamaConfig:
+    """numpy_tf's LlamaConfig for a Hugging Face LlamaConfig dict; refuses what we lack."""
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {config['hidden_act']!r} is not implemented (numpy_tf's "
+                         "Llama MLP is SwiGLU: hidden_act 'silu')")
+    if (config.get("pretraining_tp") or 1) != 1:
+        raise ValueError(f"pretraining_tp={config['pretraining_tp']!r} is not implemented "
+                         "(numpy_tf needs pretraining_tp=1: the exact, unsliced projections)")
+    for key in ("sliding_window", "use_sliding_window"):
+        if config.get(key):
+            raise ValueError(f"{key}={config[key]!r} is not implemented (numpy_tf's Llama "
+                             "attends to every earlier position)")
+    heads = config["num_attention_heads"]
+    return LlamaConfig(
+        vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_hidden_layers=config["num_hidden_layers"], num_attention_heads=heads,
+        num_key_value_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=_llama_rope_theta(config),
+        tie_word_embeddings=config.get("tie_word_embeddings", False),
+        max_position_embeddings=config.get("max_position_embeddings", 2048),
+        attention_bias=config.get("attention_bias", False),
+        mlp_bias=config.get("mlp_bias", False),
+        attention_dropout=config.get("attention_dropout") or 0.0,
+        pad_token_id=config.get("pad_token_id"),
+        initializer_range=config.get("initializer_range", 0.02))
+
+
+def llama_layout(config: LlamaConfig) -> Layout:
+    """numpy_tf's names are HF's without the `model.` prefix (lm_head has none); nothing is
+    transposed. Rows in HF's state_dict order."""
+    ours = ["embed_tokens.weight"]
+    for i in range(config.num_hidden_layers):
+        for projection, bias in [("self_attn.q_proj", config.attention_bias),
+                                 ("self_attn.k_proj", config.attention_bias),
+                                 ("self_attn.v_proj", config.attention_bias),
+                                 ("self_attn.o_proj", config.attention_bias),
+                                 ("mlp.gate_proj", config.mlp_bias),
+                                 ("mlp.up_proj", config.mlp_bias),
+                                 ("mlp.down_proj", config.mlp_bias)]:
+            ours += [f"layers.{i}.{projection}.{p}" for p in ("weight", "bias")[:1 + bias]]
+        ours += [f"layers.{i}.input_layernorm.weight",
+                 f"layers.{i}.post_attention_layernorm.weight"]
+    ours += ["norm.weight", "lm_head.weight"]
+    return Layout([(name, name if name == "lm_head.weight" else f"model.{name}", False)
+                   for name in ours])
+
+
+def _llama_buffer(key: str) -> bool:
+    """The rotary inv_freq buffers older transformers versions saved in the state_dict."""
+    return key.endswith(".rotary_emb.inv_freq")
+
+
+# -- the entry points ---------------------------------------------------------------------------
+def _model_type(config: Mapping) -> str:
+    if not isinstance(config, Mapping):
+        raise TypeError("config must be a dict (a Hugging Face config's to_dict()); got "
+                        f"{type(config).__name__}")
+    model_type = config.get("model_type")
+    if model_type not in _HF:
+        raise ValueError(f"model_type {model_type!r} is not supported; numpy_tf reads "
+                         f"{', '.join(sorted(_HF))}")
+    return model_type
+
+
+def from_hf(config: Mapping, state_dict: Mapping[str, np.ndarray], dtype=np.float64) -> Module:
+    """A numpy_tf model equal to the Hugging Face model of `config` with these weights."""
+    family = _HF[_model_type(config)]
+    dtype = float_dtype(dtype)
+    model = family.build(config, dtype)
+    layout = family.layout(config)
+    ties = family.ties(config)
+    their_name = {ours: their for ours, their, _ in layout.rows}
+    converted = layout.to_ours(state_dict, model.state_dict(), dtype,
+                               optional={their_name[alias] for alias, _ in ties},
+                               ignored=family.ignored)
+    for alias, source in ties:
+        if alias in converted and not np.array_equal(converted[alias], converted[source]):
+            raise ValueError(f"{their_name[alias]} must equal {their_name[source]}: the config "
+                             "ties them (tie_word_embeddings) but the state_dict differs")
+        converted[alias] = converted[source]
+    model.load_state_dict(converted)
+    return model
+
+
+def to_hf(model: Module, config: Mapping, grads: bool = False) -> dict[str, np.ndarray]:
+    """The model's parameters (or, with grads=True, their gradients) under Hugging Face names
+    and layout. A tied weight appears under both of its names."""
+    family = _HF[_model_type(config)]
+    arrays = model.grad_dict() if grads else model.state_dict()
+    return family.layout(config).to_theirs(arrays)
+
+
+class _Family(NamedTuple):
+    build: Callable[[Mapping, np.dtype], Module]
+    layout: Callable[[Mapping], Layout]
+    ties: Callable[[Mapping], list[tuple[str, str]]]     # (alias, source) numpy_tf names
+    ignored: Callable[[str], bool]                       # keys that are buffers, not weights
+
+
+_HF = {
+    "gpt2": _Family(
+        build=lambda config, dtype: GPT(gpt2_config(config), dtype=dtype),
+        layout=lambda config: gpt2_layout(config["n_layer"]),
+        ties=lambda config: [("output.weight", "tokens.weight")]
+        if config.get("tie_word_embeddings", True) else [],
+        ignored=_gpt2_buffer),
+    "bert": _Family(
+        build=lambda config, dtype: Bert(bert_config(config), dtype=dtype),
+        layout=lambda config: bert_layout(bert_config(config)),
+        ties=lambda config: [("mlm_head.decoder.weight", "embeddings.word_embeddings.weight")]
+        if bert_config(config).tie_word_embeddings else [],
+        ignored=bert_buffer),
+    "llama": _Family(
+        build=lambda config, dtype: Llama(llama_config(config), dtype=dtype),
+        layout=lambda config: llama_layout(llama_config(config)),
+        ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
+        if config.get("tie_word_embeddings", False) else [],
+        ignored=_llama_buffer),
+}

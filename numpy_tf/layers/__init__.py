@@ -1,0 +1,23 @@
+"""The layers: each family file holds its cache NamedTuples, its pure `<name>_forward` /
+`<name>_backward` functions (the backward's docstring is its derivation) and a thin Module
+class that owns the Parameters. Layers import the core and other layer families, never models.
+"""
+from .activations import (GELU, ReLU, SiLU, gelu_backward, gelu_forward, relu_backward,
+                          relu_forward, silu_backward, silu_forward)
+from .attention import ScaledDotProductAttention, attention_backward, attention_forward, causal_mask
+from .cross_entropy_loss import (CrossEntropyLoss, cross_entropy, cross_entropy_backward,
+                                 cross_entropy_forward)
+from .dropout import Dropout, dropout_backward, dropout_forward
+from .embedding import Embedding, embedding_backward, embedding_forward
+from .linear import Linear, linear_backward, linear_forward
+from .mlp import SwiGLU, feedforward, swiglu_backward, swiglu_forward
+from .multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttention
+from .norm import (LayerNorm, RMSNorm, layernorm_backward, layernorm_forward, rmsnorm_backward,
+                   rmsnorm_forward)
+from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequencies,
+                        learned_positions_backward, learned_positions_forward,
+                        sinusoidal_positions_backward, sinusoidal_positions_forward,
+                        sinusoidal_table)
+from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_rotate, rope_tables
+from .softmax import (LogSoftmax, Softmax, log_softmax_backward, log_softmax_forward,
+                      softmax_backward, softmax_forward)

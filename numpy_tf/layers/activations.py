@@ -1,0 +1,236 @@
+"""Elementwise activations: ReLU, GELU (exact and tanh), SiLU.
+
+Each maps x (...) to an array of the same shape and dtype. Each backward is the exact derivative
+of its own forward, so a float64 finite-difference check against that forward passes to 1e-8.
+
+    relu(x)        = max(x, 0)
+    gelu(x)        = x Phi(x),  Phi(x) = erfc(-x / sqrt(2)) / 2          (approximate="none")
+    gelu_tanh(x)   = x (1 + tanh(u)) / 2,  u = sqrt(2/pi) (x + 0.044715 x^3)   (approximate="tanh")
+    silu(x)        = x sigma(x),  sigma(x) = 1 / (1 + exp(-x))
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.module import Module
+from ..core.special import erfc, map_blocks
+
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_TANH_CUBIC = 0.044715
+GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+# -- ReLU -------------------------------------------------------------------------------------
+class ReLUCache(NamedTuple):
+    positive: np.ndarray    # (...) bool, x > 0
+
+
+def relu_forward(x: np.ndarray):
+    """max(x, 0), elementwise."""
+    validate.float_array("x", x)
+    return np.maximum(x, 0.0), ReLUCache(x > 0)
+
+
+def relu_backward(dout: np.ndarray, cache: ReLUCache) -> np.ndarray:
+    """y = max(x, 0), so dy/dx = 1 where x > 0 and 0 elsewhere (0 at the kink x = 0, as torch).
+
+        dx = dout * [x > 0]
+    """
+    return dout * cache.positive
+
+
+# -- GELU -------------------------------------------------------------------------------------
+class GELUCache(NamedTuple):
+    x: np.ndarray               # (...) the input
+    out: np.ndarray             # (...) the output y: the array the next layer keeps for its own
+                                # backward anyway, so caching it here costs no memory. For the
+                                # exact GELU it holds Phi(x) = y / x, the forward's expensive
+                                # part, so backward needs no second erf.
+    approximate: str
+
+
+def gelu_forward(x: np.ndarray, approximate: str = "none"):
+    """GELU, as torch.nn.functional.gelu(x, approximate=...)."""
+    validate.float_array("x", x)
+    validate.choice("approximate", approximate, GELU_APPROXIMATIONS)
+    if approximate == "none":
+        flat = np.ascontiguousarray(x).reshape(-1)
+        out = np.empty_like(flat)
+
+        def evaluate(block: slice) -> None:         # one cache-sized block, on any thread
+            cdf = erfc(flat[block] * -_SQRT_HALF)
+            cdf *= 0.5                               # Phi(x), the standard normal CDF
+            np.multiply(flat[block], cdf, out=out[block])       # y = x Phi(x)
+
+        map_blocks(evaluate, flat.size)
+        out = out.reshape(x.shape)
+        return out, GELUCache(x, out, approximate)
+    out = _tanh_of_u(x)
+    out += 1.0
+    out *= x * 0.5                                   # torch's order: 0.5 x (1 + t)
+    return out, GELUCache(x, out, approximate)
+
+
+def _tanh_of_u(x: np.ndarray) -> np.ndarray:
+    """t = tanh(u), u = sqrt(2/pi) (x + 0.044715 x^3): a few cheap passes."""
+    u = x * x
+    u *= x
+    u *= _TANH_CUBIC
+    u += x
+    u *= _SQRT_2_OVER_PI
+    return np.tanh(u, out=u)
+
+
+def _phi_of(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Phi(x) = y / x, the factor the exact GELU's forward multiplied x by. Where x = 0 the
+    quotient is 0 / 0, and Phi(0) = 1/2. y = x Phi(x) was rounded once and the division
+    rounds once more, so this is within two roundings of the forward's own Phi(x) (2.2e-16
+    relative in float64)."""
+    with np.errstate(invalid="ignore"):                 # 0 / 0 where x = 0, mended below
+        phi = out / x
+    if not x.all():
+        phi[x == 0] = 0.5
+    return phi
+
+
+def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
+    """The exact derivative of the variant that ran forward, times dout.
+
+    approximate="none": y = x Phi(x) with Phi' = phi, the normal density
+        phi(x) = exp(-x^2 / 2) / sqrt(2 pi), so by the product rule
+        dy/dx = Phi(x) + x phi(x),
+    and Phi(x) = y / x comes back from the cache (see _phi_of): no second erf.
+
+    approximate="tanh": y = x (1 + t) / 2 with t = tanh(u), u = sqrt(2/pi) (x + c x^3),
+        c = 0.044715. With dt/du = 1 - t^2 and du/dx = sqrt(2/pi) (1 + 3 c x^2):
+        dy/dx = (1 + t) / 2 + x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2) / 2.
+    t is recomputed here, as torch does (a few passes): taken from y / x instead, (1 + t) / 2
+    would carry the rounding of y into 1 - t^2, where t is near +-1, and lose a factor of 5 in
+    float32 accuracy at x ~ 5.
+
+    Then dx = dout dy/dx, elementwise, in cache-sized blocks: only dx is a full-size new
+    array. Cached: x and y (which the next layer keeps anyway); no separate Phi(x) or t, which
+    would cost an array the size of x.
+    """
+    x, out, approximate = cache
+    if np.shape(dout) != x.shape:
+        raise ValueError(f"dout must have the shape of GELU's output {x.shape}; got "
+                         f"{np.shape(dout)}")
+    x_flat = np.ascontiguousarray(x).reshape(-1)
+    y_flat = np.ascontiguousarray(out).reshape(-1)
+    dout_flat = np.ascontiguousarray(dout).reshape(-1)
+    dx = np.empty_like(x_flat)
+
+    def evaluate(block: slice) -> None:             # one cache-sized block, on any thread
+        x = x_flat[block]
+        if approximate == "none":
+            slope = np.multiply(x, x, out=dx[block])     # built in dx's own block
+            slope *= -0.5
+            np.exp(slope, out=slope)
+            slope *= _INV_SQRT_2PI
+            slope *= x
+            slope += _phi_of(x, y_flat[block])       # Phi(x) + x phi(x)
+        else:
+            t = _tanh_of_u(x)
+            du_dx = x * x
+            du_dx *= 3.0 * _TANH_CUBIC
+            du_dx += 1.0
+            du_dx *= _SQRT_2_OVER_PI
+            slope = np.multiply(t, t, out=dx[block])
+            np.subtract(1.0, slope, out=slope)
+            slope *= du_dx
+            slope *= x
+            slope += t
+            slope += 1.0
+            slope *= 0.5
+        slope *= dout_flat[block]
+
+    map_blocks(evaluate, x_flat.size)
+    return dx.reshape(x.shape)
+
+
+# -- SiLU -------------------------------------------------------------------------------------
+class SiLUCache(NamedTuple):
+    x: np.ndarray           # (...)
+    sigmoid: np.ndarray     # (...) sigma(x)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)); exp overflows to inf for very negative x, giving exactly 0."""
+    with np.errstate(over="ignore"):
+        s = np.exp(-x)
+    s += 1.0
+    np.reciprocal(s, out=s)
+    return s
+
+
+def silu_forward(x: np.ndarray):
+    """x sigma(x), as torch.nn.functional.silu."""
+    validate.float_array("x", x)
+    s = sigmoid(x)
+    return x * s, SiLUCache(x, s)
+
+
+def silu_backward(dout: np.ndarray, cache: SiLUCache) -> np.ndarray:
+    """y = x s with s = sigma(x) and ds/dx = s (1 - s), so
+        dy/dx = s + x s (1 - s) = s (1 + x (1 - s)).
+    """
+    x, s = cache
+    slope = 1.0 - s
+    slope *= x
+    slope += 1.0
+    slope *= s
+    slope *= dout
+    return slope
+
+
+# -- thin classes -----------------------------------------------------------------------------
+class ReLU(Module):
+    """torch.nn.ReLU. No parameters."""
+
+    def forward(self, x):
+        return relu_forward(x)
+
+    def backward(self, dout, cache):
+        return relu_backward(dout, cache)
+
+
+class GELU(Module):
+    """torch.nn.GELU(approximate=...). No parameters."""
+
+    def __init__(self, approximate: str = "none", dtype=np.float64):
+        super().__init__(dtype)
+        validate.choice("approximate", approximate, GELU_APPROXIMATIONS)
+        self.approximate = approximate
+
+    def forward(self, x):
+        return gelu_forward(x, self.approximate)
+
+    def backward(self, dout, cache):
+        return gelu_backward(dout, cache)
+
+
+class SiLU(Module):
+    """torch.nn.SiLU. No parameters."""
+
+    def forward(self, x):
+        return silu_forward(x)
+
+    def backward(self, dout, cache):
+        return silu_backward(dout, cache)
+
+
+ACTIVATIONS = {"relu": ReLU, "gelu": GELU, "gelu_tanh": lambda dtype=np.float64:
+               GELU("tanh", dtype), "silu": SiLU}
+
+
+def activation(name: str, dtype=np.float64) -> Module:
+    """The activation Module for a name: "relu", "gelu" (exact), "gelu_tanh", "silu"."""
+    validate.choice("activation", name, tuple(ACTIVATIONS))
+    return ACTIVATIONS[name](dtype=dtype)

@@ -1,0 +1,255 @@
+"""Scaled dot-product attention with every mask, and grouped-query heads.
+
+Shapes: B batch, H query heads, G key/value heads (G divides H, r = H / G), Tq queries,
+Tk keys, d the query/key width of a head, dv the value width of a head.
+
+    q (B, H, Tq, d), k (B, G, Tk, d), v (B, G, Tk, dv) -> out (B, H, Tq, dv)
+
+    S = q k^T / sqrt(d) + M        scores (B, H, Tq, Tk); M the float mask (0 where none)
+    S_ij = -inf where blocked      bool masks, key padding, causal
+    P = softmax(S) over keys       the attention probabilities, kept in the cache
+    out = P v
+
+Masks (SPEC §4): a boolean mask is True where attention is BLOCKED (torch.nn.MultiheadAttention
+meaning; torch.nn.functional.scaled_dot_product_attention uses the opposite); a float mask is
+added to the scores; `key_padding_mask` (B, Tk) is True at padding; `is_causal` lets query i
+see keys j <= i + causal_offset (the offset counts the positions a KV cache already holds).
+Masks broadcast as torch does: (Tq, Tk), (B or 1, H or 1, Tq, Tk). A query row whose keys are
+all blocked gives a zero output and zero gradients, never NaN (the rule of torch's SDPA path).
+
+Grouped-query attention: key/value head j serves query heads j r .. j r + r - 1 (HF Llama's
+repeat_kv order). Writing the H query heads as G groups of r heads stacked along the query axis,
+q (B, H, Tq, d) -> (B, G, r Tq, d), every group is ordinary attention against its own k and v,
+and the backward's products sum the r heads' contributions to dk and dv by themselves.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.module import Module
+from .dropout import check_probability, dropout_mask
+
+
+class AttentionCache(NamedTuple):
+    q: np.ndarray               # (B, H, Tq, d)
+    k: np.ndarray               # (B, G, Tk, d)
+    v: np.ndarray               # (B, G, Tk, dv)
+    probs: np.ndarray           # (B, H, Tq, Tk) P, the attention probabilities (for study too)
+    dropout: np.ndarray | None  # (B, H, Tq, Tk) dropout mask (0 or 1/(1-p)) applied to P
+    scale: float                # 1 / sqrt(d) unless given
+
+
+def causal_mask(query_length: int, key_length: int, offset: int = 0) -> np.ndarray:
+    """(Tq, Tk) bool, True where key j is in the future of query i: j > i + offset."""
+    return np.triu(np.ones((query_length, key_length), dtype=bool), k=offset + 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_causal_mask(query_length: int, key_length: int, offset: int) -> np.ndarray:
+    """causal_mask, built once per shape and kept read-only (every layer of every step asks
+    for the same one)."""
+    mask = causal_mask(query_length, key_length, offset)
+    mask.flags.writeable = False
+    return mask
+
+
+def _check_mask(name: str, mask, shape: tuple, dtype: np.dtype) -> None:
+    """mask is (Tq, Tk) or 4-D, each axis 1 or the full size: it broadcasts to (B, H, Tq, Tk)."""
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array; got {type(mask).__name__}")
+    if mask.dtype != bool and mask.dtype != dtype:
+        raise TypeError(f"{name} must be bool (True = blocked) or a float mask of the query "
+                        f"dtype {dtype}; got dtype {mask.dtype}")
+    full = shape if mask.ndim == 4 else shape[2:]
+    if mask.ndim not in (2, 4) or any(m not in (1, f) for m, f in zip(mask.shape, full)):
+        raise ValueError(f"{name} must broadcast to (B, H, Tq, Tk) = {shape} from (Tq, Tk) or a "
+                         f"4-D shape of sizes or 1s; got {mask.shape}")
+
+
+def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_mask=None,
+                    is_causal: bool = False, causal_offset: int = 0):
+    """Combine every mask into (blocked, bias): `blocked` a bool array broadcastable to
+    (B, H, Tq, Tk) (None if nothing is blocked) and `bias` a float one (None if no float mask)."""
+    batch, heads, tq, tk = shape
+    blocked, bias = [], []
+    if attn_mask is not None:
+        _check_mask("attn_mask", attn_mask, shape, dtype)
+        (blocked if attn_mask.dtype == bool else bias).append(attn_mask)
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, np.ndarray):
+            raise TypeError("key_padding_mask must be a numpy array; got "
+                            f"{type(key_padding_mask).__name__}")
+        if key_padding_mask.shape != (batch, tk):
+            raise ValueError(f"key_padding_mask must have shape (B, Tk) = ({batch}, {tk}); got "
+                             f"{key_padding_mask.shape}")
+        if key_padding_mask.dtype != bool and key_padding_mask.dtype != dtype:
+            raise TypeError("key_padding_mask must be bool (True = padding) or a float mask of "
+                            f"the query dtype {dtype}; got dtype {key_padding_mask.dtype}")
+        padding = key_padding_mask[:, None, None, :]                     # (B, 1, 1, Tk)
+        (blocked if padding.dtype == bool else bias).append(padding)
+    if is_causal:
+        if causal_offset < 0:
+            raise ValueError(f"causal_offset must be >= 0; got {causal_offset}")
+        blocked.append(_shared_causal_mask(tq, tk, causal_offset))
+    combined_blocked = None
+    for mask in blocked:
+        combined_blocked = mask if combined_blocked is None else combined_blocked | mask
+    combined_bias = None
+    for mask in bias:
+        combined_bias = mask if combined_bias is None else combined_bias + mask
+    return combined_blocked, combined_bias
+
+
+def masked_softmax(scores: np.ndarray) -> np.ndarray:
+    """softmax over the last axis of scores holding -inf where blocked, in place; a row with
+    every entry -inf becomes all zeros (its max is -inf: shift by 0 instead, every exp is 0,
+    and the zero sum is divided by 1)."""
+    row_max = np.maximum.reduce(scores, axis=-1, keepdims=True)
+    finite = np.isfinite(row_max)
+    if not finite.all():                        # only fully blocked rows (or NaN input)
+        row_max[~finite] = 0.0
+    scores -= row_max
+    np.exp(scores, out=scores)
+    total = np.add.reduce(scores, axis=-1, keepdims=True)
+    if not total.all():
+        total[total == 0.0] = 1.0
+    scores /= total
+    return scores
+
+
+def _grouped(x: np.ndarray, groups: int) -> np.ndarray:
+    """(B, H, T, w) -> (B, G, r T, w): the r heads of each group stacked along the T axis.
+    With one head per group (r = 1) that is x itself, strided or not: matmul reads the heads
+    of a fused projection in place, so nothing is copied."""
+    batch, heads, length, width = x.shape
+    if heads == groups:
+        return x
+    return np.ascontiguousarray(x).reshape(batch, groups, (heads // groups) * length, width)
+
+
+def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=None,
+                      key_padding_mask=None, is_causal: bool = False, causal_offset: int = 0,
+                      dropout_p: float = 0.0, rng: np.random.Generator | None = None,
+                      scale: float | None = None):
+    """Scaled dot-product attention; returns (out (B, H, Tq, dv), AttentionCache)."""
+    validate.float_array("q", q, ndim=4, shape="(B, H, Tq, d)")
+    validate.float_array("k", k, ndim=4, shape="(B, G, Tk, d)")
+    validate.float_array("v", v, ndim=4, shape="(B, G, Tk, dv)")
+    validate.same_dtype(q=q, k=k, v=v)
+    batch, heads, tq, width = q.shape
+    groups, tk = k.shape[1], k.shape[2]
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(f"q, k and v must share the batch size; got {q.shape}, {k.shape}, "
+                         f"{v.shape}")
+    if k.shape[3] != width:
+        raise ValueError(f"k must have the query head width d = {width}; got shape {k.shape}")
+    if v.shape[1:3] != (groups, tk):
+        raise ValueError(f"v must have the heads and length of k ({groups}, {tk}) (key and "
+                         f"value lengths must agree); got shape {v.shape}")
+    if heads % groups:
+        raise ValueError(f"the key/value heads ({groups}) must divide the query heads "
+                         f"({heads})")
+    dropout_p = check_probability(dropout_p)
+    scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
+    blocked, bias = attention_masks((batch, heads, tq, tk), q.dtype, attn_mask,
+                                    key_padding_mask, is_causal, causal_offset)
+
+    scores = _grouped(q * scale, groups) @ k.swapaxes(-1, -2)           # (B, G, r Tq, Tk)
+    scores = scores.reshape(batch, heads, tq, tk)                       # (B, H, Tq, Tk)
+    if bias is not None:
+        scores += bias
+    if blocked is not None:
+        np.copyto(scores, -np.inf, where=blocked)
+    probs = masked_softmax(scores)                                      # P (B, H, Tq, Tk)
+    mask = None
+    weights = probs
+    if dropout_p > 0.0:
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError("attention dropout needs rng=numpy.random.Generator; got "
+                            f"{type(rng).__name__}")
+        mask = dropout_mask(probs.shape, dropout_p, rng, probs.dtype)
+        weights = probs * mask
+    out = _grouped(weights, groups) @ v                                 # (B, G, r Tq, dv)
+    out = out.reshape(batch, heads, tq, v.shape[3])                     # (B, H, Tq, dv)
+    return out, AttentionCache(q, k, v, probs, mask, scale)
+
+
+def attention_backward(dout: np.ndarray, cache: AttentionCache, out=None):
+    """Gradients of out = P v, P = softmax(S), S = s q k^T + M (s the scale), per group.
+
+    1. out = W v with W = P (or P m with the dropout mask m):
+           dW = dout v^T                              (B, H, Tq, Tk)
+           dv = W^T dout                              summed over the r heads of a group
+       then dP = dW m (or dW).
+    2. Row-wise softmax, P_ij = exp(S_ij) / sum_l exp(S_il), has dP_ij/dS_ik = P_ij([j=k] - P_ik):
+           dS_ik = P_ik (dP_ik - sum_j dP_ij P_ij)
+       Blocked entries have P = 0, so their dS is 0; a fully blocked row has P = 0 throughout
+       and its gradients are all 0 (no NaN: S = -inf never enters the arithmetic).
+       The row sums sum_j dP_ij P_ij are one pass of einsum (no (Tq, Tk) temporary).
+    3. S = s q k^T:
+           dq = s dS k                                (B, H, Tq, d)
+           dk = s dS^T q                              summed over the r heads of a group
+       The scale s multiplies the small products (Tq or Tk by d), not dS (Tq by Tk); the
+       forward likewise scales q before q k^T.
+    Cached: q, k, v and P (the probabilities are also what a student looks at) and the
+    dropout mask; nothing else is needed. Returns (dq, dk, dv); with `out`, three arrays shaped
+    like q, k and v (views of a fused projection's gradient, say), they are written there and
+    returned.
+    """
+    q, k, v, probs, mask, scale = cache
+    batch, heads, tq, width = q.shape
+    groups, tk = k.shape[1], k.shape[2]
+    if out is not None:
+        wanted = (q, k, v)
+        if len(out) != 3 or any(not isinstance(o, np.ndarray) or o.shape != w.shape or
+                                o.dtype != w.dtype for o, w in zip(out, wanted)):
+            raise ValueError("out must be three arrays shaped and typed like q, k and v "
+                             f"({', '.join(f'{w.shape} {w.dtype}' for w in wanted)}); got "
+                             + ", ".join(f"{getattr(o, 'shape', o)} {getattr(o, 'dtype', '')}"
+                                         for o in out))
+    out_q, out_k, out_v = out if out is not None else (None, None, None)
+    weights = probs if mask is None else probs * mask
+    dout_grouped = _grouped(dout, groups)                               # (B, G, r Tq, dv)
+    dv = np.matmul(_grouped(weights, groups).swapaxes(-1, -2), dout_grouped,
+                   out=out_v)                                           # (B, G, Tk, dv)
+    dprobs = (dout_grouped @ v.swapaxes(-1, -2)).reshape(batch, heads, tq, tk)
+    if mask is not None:
+        dprobs *= mask
+    dscores = dprobs
+    dscores -= np.einsum("bhij,bhij->bhi", dprobs, probs)[..., None]   # sum_j dP_ij P_ij
+    dscores *= probs                                                    # dS (B, H, Tq, Tk)
+    dscores_grouped = _grouped(dscores, groups)                         # (B, G, r Tq, Tk)
+    if groups == heads:
+        dq = np.matmul(dscores, k, out=out_q)                           # (B, H, Tq, d)
+    else:
+        dq = (dscores_grouped @ k).reshape(batch, heads, tq, width)
+        if out_q is not None:
+            out_q[...] = dq
+            dq = out_q
+    dq *= scale
+    dk = np.matmul(dscores_grouped.swapaxes(-1, -2), _grouped(q, groups),
+                   out=out_k)                                           # (B, G, Tk, d)
+    dk *= scale
+    return dq, dk, dv
+
+
+class ScaledDotProductAttention(Module):
+    """attention_forward / attention_backward as a Module (no parameters):
+    forward(q, k, v, attn_mask=None, key_padding_mask=None) -> (out, cache)."""
+
+    def __init__(self, is_causal: bool = False, dropout: float = 0.0, dtype=np.float64):
+        super().__init__(dtype)
+        self.is_causal, self.dropout = is_causal, check_probability(dropout)
+
+    def forward(self, q, k, v, attn_mask=None, key_padding_mask=None, causal_offset: int = 0,
+                rng: np.random.Generator | None = None):
+        return attention_forward(q, k, v, attn_mask, key_padding_mask, self.is_causal,
+                                 causal_offset, self.dropout if self.training else 0.0, rng)
+
+    def backward(self, dout, cache):
+        return attention_backward(dout, cache)

@@ -1,0 +1,94 @@
+"""Linear: y = x W^T + b, exactly torch.nn.Linear.
+
+Shapes: x (..., IN), W (OUT, IN), b (OUT,) -> y (..., OUT). The leading axes (batch, time) are
+flattened into one, N = the product of their sizes, so each product is a single matrix multiply.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.module import Module, Parameter
+
+
+class LinearCache(NamedTuple):
+    x: np.ndarray           # (..., IN) the input, needed for dW
+    weight: np.ndarray      # (OUT, IN), needed for dx
+    has_bias: bool
+
+
+def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None):
+    validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
+    validate.float_array("weight", weight, ndim=2, shape="(OUT, IN)")
+    validate.same_dtype(weight=weight, x=x, bias=bias)
+    validate.last_dim("x", x, weight.shape[1], "the weight's IN")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},); got {bias.shape}")
+    return _linear(x, weight, bias)
+
+
+def _linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
+    """linear_forward's computation, for callers that have checked its arguments (the Linear
+    class checks x against its own Parameters once)."""
+    out = x.reshape(-1, x.shape[-1]) @ weight.T                     # (N, OUT)
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0]), LinearCache(x, weight, bias is not None)
+
+
+def linear_backward(dout: np.ndarray, cache: LinearCache):
+    """y_nk = sum_i x_ni W_ki + b_k for every row n, so
+
+        dx_ni = sum_k dout_nk W_ki            dx = dout W
+        dW_ki = sum_n dout_nk x_ni            dW = dout^T x
+        db_k  = sum_n dout_nk
+
+    Returns (dx, dweight, dbias); dbias is None without a bias.
+    """
+    x, weight, has_bias = cache
+    dout_rows = dout.reshape(-1, dout.shape[-1])                     # (N, OUT)
+    dx = (dout_rows @ weight).reshape(x.shape)                       # (..., IN)
+    dweight = dout_rows.T @ x.reshape(-1, x.shape[-1])               # (OUT, IN)
+    dbias = dout_rows.sum(axis=0) if has_bias else None              # (OUT,)
+    return dx, dweight, dbias
+
+
+def uniform_init(rng: np.random.Generator, shape, fan_in: int, dtype) -> np.ndarray:
+    """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): torch.nn.Linear's default for weight and bias."""
+    bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0
+    return rng.uniform(-bound, bound, size=shape).astype(dtype)
+
+
+class Linear(Module):
+    """torch.nn.Linear(in_features, out_features, bias). Parameters `weight` (OUT, IN) and
+    `bias` (OUT,), initialised as torch does unless a model re-initialises them."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 rng: np.random.Generator | int = 0, dtype=np.float64):
+        super().__init__(dtype)
+        in_features = validate.positive_int("in_features", in_features)
+        out_features = validate.positive_int("out_features", out_features)
+        rng = np.random.default_rng(rng)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(uniform_init(rng, (out_features, in_features), in_features,
+                                             self.dtype))
+        self.bias = Parameter(uniform_init(rng, (out_features,), in_features, self.dtype)) \
+            if bias else None
+
+    def forward(self, x):
+        weight = self.weight.data
+        if not validate.is_plain_input(x, weight.dtype, self.in_features):
+            validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
+            validate.same_dtype(weight=weight, x=x)           # the bias has the weight's dtype
+            validate.last_dim("x", x, self.in_features, "in_features")
+        return _linear(x, weight, None if self.bias is None else self.bias.data)
+
+    def backward(self, dout, cache):
+        dx, dweight, dbias = linear_backward(dout, cache)
+        self.weight.grad += dweight
+        if self.bias is not None:
+            self.bias.grad += dbias
+        return dx

@@ -1,0 +1,148 @@
+"""Position-wise feed-forward networks: the classic two-layer MLP and SwiGLU.
+
+Both act on each position alone: x (..., C) -> (..., C) through a hidden width F (4C by default
+for the MLP; Llama's intermediate_size for SwiGLU).
+
+    MLP:     y = W2 act(W1 x + b1) + b2                      Linear, activation, Linear
+    SwiGLU:  y = W_down (silu(W_gate x) * (W_up x))          three Linears, Llama's without
+                                                             bias (HF's mlp_bias adds them)
+
+SwiGLU is not the MLP with its activation renamed: it has two input projections, one of them
+gating the other through silu (the seed material makes the same point).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.module import Module, Sequential
+from .activations import SiLUCache, activation, silu_backward, silu_forward
+from .linear import Linear, LinearCache, linear_backward, linear_forward
+
+
+def feedforward(width: int, hidden: int | None = None, activation_name: str = "gelu",
+                bias: bool = True, *, rng: np.random.Generator | int = 0,
+                dtype=np.float64) -> Sequential:
+    """Sequential(Linear(C, F), activation, Linear(F, C)): parameters `0.weight`, `0.bias`,
+    `2.weight`, `2.bias`, as torch.nn.Sequential names them (the activation is module 1)."""
+    width = validate.positive_int("width", width)
+    hidden = 4 * width if hidden is None else validate.positive_int("hidden", hidden)
+    rng = np.random.default_rng(rng)
+    return Sequential(Linear(width, hidden, bias, rng=rng, dtype=dtype),
+                      activation(activation_name, dtype),
+                      Linear(hidden, width, bias, rng=rng, dtype=dtype), dtype=dtype)
+
+
+# -- the SwiGLU gate ----------------------------------------------------------------------------
+class GateCache(NamedTuple):
+    silu: SiLUCache             # silu's cache of g = W_gate x
+    activated: np.ndarray       # (..., F) a = silu(g)
+    up: np.ndarray              # (..., F) u = W_up x
+
+
+def swiglu_gate_forward(gate: np.ndarray, up: np.ndarray):
+    """h = silu(g) * u, elementwise."""
+    validate.same_dtype(gate=gate, up=up)
+    if gate.shape != up.shape:
+        raise ValueError(f"gate and up must have the same shape; got {gate.shape} and "
+                         f"{up.shape}")
+    activated, silu_cache = silu_forward(gate)
+    return activated * up, GateCache(silu_cache, activated, up)
+
+
+def swiglu_gate_backward(dhidden: np.ndarray, cache: GateCache):
+    """h = a u with a = silu(g), so by the product rule
+        du = dh a          and       da = dh u,  dg = silu_backward(da)
+    (silu's own derivative, sigma(g) (1 + g (1 - sigma(g))), derived in activations.py).
+    Returns (dgate, dup)."""
+    silu_cache, activated, up = cache
+    return silu_backward(dhidden * up, silu_cache), dhidden * activated
+
+
+class SwiGLUCache(NamedTuple):
+    gate: LinearCache           # x, W_gate
+    up: LinearCache             # x, W_up
+    product: GateCache          # silu's cache of g, a = silu(g), u
+    down: LinearCache           # h, W_down
+
+
+def swiglu_forward(x: np.ndarray, gate_weight: np.ndarray, up_weight: np.ndarray,
+                   down_weight: np.ndarray, gate_bias: np.ndarray | None = None,
+                   up_bias: np.ndarray | None = None, down_bias: np.ndarray | None = None):
+    """y = W_down (silu(W_gate x + b_gate) * (W_up x + b_up)) + b_down, as HF's LlamaMLP.
+    x (..., C), weights (F, C), (F, C), (C, F), optional biases (F,), (F,), (C,) -> y (..., C).
+    Llama has no biases (mlp_bias=False); HF's config can ask for them."""
+    validate.float_array("x", x, min_ndim=1, shape="(..., C)")
+    for name, weight in (("gate_weight", gate_weight), ("up_weight", up_weight),
+                         ("down_weight", down_weight)):
+        validate.float_array(name, weight, ndim=2, shape="(F, C) or (C, F)")
+    hidden, width = gate_weight.shape
+    if up_weight.shape != (hidden, width) or down_weight.shape != (width, hidden):
+        raise ValueError(f"gate_weight (F, C), up_weight (F, C) and down_weight (C, F) must "
+                         f"agree; got {gate_weight.shape}, {up_weight.shape} and "
+                         f"{down_weight.shape}")
+    g, gate_cache = linear_forward(x, gate_weight, gate_bias)       # (..., F)
+    u, up_cache = linear_forward(x, up_weight, up_bias)             # (..., F)
+    h, product_cache = swiglu_gate_forward(g, u)                    # (..., F)
+    y, down_cache = linear_forward(h, down_weight, down_bias)       # (..., C)
+    return y, SwiGLUCache(gate_cache, up_cache, product_cache, down_cache)
+
+
+def swiglu_backward(dout: np.ndarray, cache: SwiGLUCache):
+    """The forward in reverse, with dout = dL/dy:
+
+        y = W_down h + b_down:    dh = dout W_down,    dW_down = dout^T h,  db_down = sum dout
+        h = a u, a = silu(g):     du = dh a,           dg = silu'(g) (dh u)
+                                  (swiglu_gate_backward; silu'(g) = s (1 + g (1 - s)),
+                                   s = sigma(g), derived in activations.py)
+        g = W_gate x + b_gate:    dW_gate = dg^T x,    db_gate = sum dg
+        u = W_up x + b_up:        dW_up = du^T x,      db_up = sum du
+
+    x feeds both input projections, so its gradient is the sum of the two paths:
+
+        dx = dg W_gate + du W_up.
+
+    The sums run over every leading (batch, time) position. Cached: x and the weights (in the
+    Linear caches), g's sigmoid, a and u (no exp is recomputed). Returns (dx, dgate_weight,
+    dup_weight, ddown_weight, dgate_bias, dup_bias, ddown_bias); a bias gradient is None
+    where the forward had no bias.
+    """
+    dh, ddown, ddown_bias = linear_backward(dout, cache.down)       # (..., F)
+    dg, du = swiglu_gate_backward(dh, cache.product)                # (..., F) each
+    dx_gate, dgate, dgate_bias = linear_backward(dg, cache.gate)    # (..., C)
+    dx_up, dup, dup_bias = linear_backward(du, cache.up)            # (..., C)
+    return dx_gate + dx_up, dgate, dup, ddown, dgate_bias, dup_bias, ddown_bias
+
+
+class SwiGLU(Module):
+    """Llama's MLP (HF LlamaMLP): gate_proj (F, C), up_proj (F, C), down_proj (C, F), without
+    biases unless bias=True (HF's mlp_bias). Initialised as torch.nn.Linear."""
+
+    def __init__(self, width: int, hidden: int, bias: bool = False, *,
+                 rng: np.random.Generator | int = 0, dtype=np.float64):
+        super().__init__(dtype)
+        width = validate.positive_int("width", width)
+        hidden = validate.positive_int("hidden", hidden)
+        rng = np.random.default_rng(rng)
+        self.gate_proj = Linear(width, hidden, bias, rng=rng, dtype=dtype)
+        self.up_proj = Linear(width, hidden, bias, rng=rng, dtype=dtype)
+        self.down_proj = Linear(hidden, width, bias, rng=rng, dtype=dtype)
+
+    def _projections(self) -> tuple[Linear, Linear, Linear]:
+        return self.gate_proj, self.up_proj, self.down_proj
+
+    def forward(self, x):
+        weights = [layer.weight.data for layer in self._projections()]
+        biases = [None if layer.bias is None else layer.bias.data
+                  for layer in self._projections()]
+        return swiglu_forward(x, *weights, *biases)
+
+    def backward(self, dout, cache):
+        dx, *grads = swiglu_backward(dout, cache)
+        for layer, dweight, dbias in zip(self._projections(), grads[:3], grads[3:]):
+            layer.weight.grad += dweight
+            if layer.bias is not None:
+                layer.bias.grad += dbias
+        return dx

@@ -1,0 +1,357 @@
+"""Multi-head attention in the three layouts users meet, around one shared computation.
+
+Shapes: B batch, Tq / Tk query / key lengths, C model width, H query heads, G key/value heads,
+d head width (C = H d unless head_dim is set).
+
+    q = project_q(query)   (B, Tq, H d)  -> heads (B, H, Tq, d)  -> RoPE (optional)
+    k = project_k(key)     (B, Tk, G d)  -> heads (B, G, Tk, d)  -> RoPE (optional)
+    v = project_v(value)   (B, Tk, G d)  -> heads (B, G, Tk, d)
+    a = attention(q, k, v, masks)              (B, H, Tq, d)     numpy_tf.attention
+    y = output(merge(a))                       (B, Tq, C)
+
+Layouts (the parameter names are the ones each family's torch code uses):
+  MultiHeadAttention      q_proj, k_proj, v_proj, o_proj; grouped-query heads (HF Llama)
+  FusedAttention          qkv (one Linear to 3C), output (the tiny GPT; GPT-2 with biases)
+  TorchMultiheadAttention in_proj_weight, in_proj_bias, out_proj (torch.nn.MultiheadAttention)
+
+forward(query, key=None, value=None, ...): key None is self-attention (backward returns dquery,
+the sum over the three uses); key given and value None uses key as the value too (cross-
+attention into a memory: backward returns (dquery, dkey)); all three given returns all three.
+`past_kv` (k, v) heads from earlier calls are prepended (a KV cache: run state passed in, never
+kept on the layer; causal masks and RoPE positions shift by its length), and `static_kv` (k, v)
+replaces the key/value projections (cross-attention keys computed once). The cache's `present`
+holds the (k, v) to pass next time.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.module import Module, Parameter
+from .attention import AttentionCache, attention_backward, attention_forward
+from .dropout import check_probability
+from .linear import Linear, LinearCache, linear_backward, linear_forward
+from .rope import rope_backward, rope_forward
+
+
+class AttentionLayerCache(NamedTuple):
+    projections: tuple          # the layout's caches of the q, k, v projections
+    rope: tuple | None          # (RoPECache of q, RoPECache of k) or None
+    attention: AttentionCache   # holds the probabilities (B, H, Tq, Tk)
+    output: LinearCache
+    past_length: int            # keys an incoming KV cache already held
+    present: tuple              # (k, v) heads (B, G, Tk, d) after RoPE: the next KV cache
+    inputs: str                 # "self", "key" or "key_value": the gradients to return
+    static: bool                # keys and values came from static_kv (no projection to undo)
+
+
+def split_heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """(B, T, heads d) -> (B, heads, T, d)."""
+    batch, length, width = x.shape
+    return x.reshape(batch, length, heads, width // heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """(B, heads, T, d) -> (B, T, heads d); the inverse of split_heads (and its backward)."""
+    batch, heads, length, width = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(batch, length, heads * width)
+
+
+class HeadAttention(Module):
+    """The computation every layout shares; a layout supplies _project, _project_backward and
+    the output projection (self.output_layer)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, dropout: float,
+                 rope: bool, rope_base: float, rope_interleaved: bool, dtype):
+        super().__init__(dtype)
+        self.num_heads = validate.positive_int("num_heads", num_heads)
+        self.num_kv_heads = validate.positive_int("num_kv_heads", num_kv_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads "
+                             f"({num_heads})")
+        self.head_dim = validate.positive_int("head_dim", head_dim)
+        if rope and head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim; got {head_dim}")
+        self.dropout = check_probability(dropout)
+        self.rope, self.rope_base, self.rope_interleaved = rope, float(rope_base), \
+            rope_interleaved
+
+    # the layout's part ------------------------------------------------------------------------
+    def _project(self, query, key, value):
+        raise NotImplementedError
+
+    def _project_backward(self, dq, dk, dv, caches, inputs):
+        """The projections' backward from the head gradients dq (B, H, Tq, d) and dk, dv
+        (B, G, Tk, d) (None with static_kv); returns what backward returns."""
+        raise NotImplementedError
+
+    @property
+    def output_layer(self) -> Linear:
+        raise NotImplementedError
+
+    def project_kv(self, memory: np.ndarray):
+        """Key and value heads (B, G, Tk, d) of a memory, computed once for cross-attention
+        decoding (pass them as static_kv)."""
+        _, k, v, _ = self._project(memory[:, :1], memory, memory)
+        return split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
+
+    # the shared computation -------------------------------------------------------------------
+    def forward(self, query, key=None, value=None, *, attn_mask=None, key_padding_mask=None,
+                is_causal: bool = False, positions=None, past_kv=None, static_kv=None,
+                rng: np.random.Generator | None = None):
+        validate.float_array("query", query, ndim=3, shape="(B, Tq, C)")
+        inputs = "self" if key is None else ("key" if value is None else "key_value")
+        if static_kv is not None and key is not None:
+            raise ValueError("give either key/value or static_kv, not both")
+        if key is not None:
+            validate.float_array("key", key, ndim=3, shape="(B, Tk, C)")
+            if value is not None:
+                validate.float_array("value", value, ndim=3, shape="(B, Tk, C)")
+                if value.shape[:2] != key.shape[:2]:
+                    raise ValueError(f"key and value must have the same batch and length; got "
+                                     f"{key.shape} and {value.shape}")
+        key = query if key is None else key
+        value = key if value is None else value
+        static = static_kv is not None
+        q, k, v, projections = self._project(query, None if static else key,
+                                             None if static else value)
+        q = split_heads(q, self.num_heads)                              # (B, H, Tq, d)
+        past_length = 0 if past_kv is None else past_kv[0].shape[2]
+        rope_caches = None
+        if static:
+            k, v = static_kv
+        else:
+            k = split_heads(k, self.num_kv_heads)                       # (B, G, Tk, d)
+            v = split_heads(v, self.num_kv_heads)
+        if self.rope:
+            if positions is None:
+                positions = np.arange(past_length, past_length + query.shape[1])
+            q, q_rope = rope_forward(q, positions, self.rope_base, self.rope_interleaved)
+            k_rope = None
+            if not static:
+                k, k_rope = rope_forward(k, positions, self.rope_base, self.rope_interleaved)
+            rope_caches = (q_rope, k_rope)
+        if past_kv is not None:
+            k = np.concatenate([past_kv[0], k], axis=2)
+            v = np.concatenate([past_kv[1], v], axis=2)
+        heads, attention = attention_forward(
+            q, k, v, attn_mask, key_padding_mask, is_causal, past_length,
+            self.dropout if self.training else 0.0, rng)
+        out, output = self.output_layer.forward(merge_heads(heads))     # (B, Tq, C)
+        return out, AttentionLayerCache(projections, rope_caches, attention, output,
+                                        past_length, (k, v), inputs, static)
+
+    def backward(self, dout, cache: AttentionLayerCache):
+        """The forward in reverse: output projection, merge of the heads, attention, RoPE
+        (its inverse rotation), split of the heads, the projections. Gradients of keys an
+        incoming KV cache held (or of static_kv) are not propagated: they were inputs of an
+        earlier call."""
+        dheads = split_heads(self.output_layer.backward(dout, cache.output), self.num_heads)
+        dq, dk, dv = attention_backward(dheads, cache.attention)
+        dk, dv = dk[:, :, cache.past_length:], dv[:, :, cache.past_length:]
+        if cache.rope is not None:
+            dq = rope_backward(dq, cache.rope[0])
+            if cache.rope[1] is not None:
+                dk = rope_backward(dk, cache.rope[1])
+        if cache.static:
+            dk = dv = None
+        return self._project_backward(dq, dk, dv, cache.projections, cache.inputs)
+
+
+def _gradients(inputs: str, dquery, dkey, dvalue):
+    """What backward returns for each way forward was called."""
+    if inputs == "self":
+        return dquery + dkey + dvalue if dkey is not None else dquery
+    if inputs == "key":
+        return dquery, (dkey + dvalue if dkey is not None else None)
+    return dquery, dkey, dvalue
+
+
+class MultiHeadAttention(HeadAttention):
+    """Separate q_proj, k_proj, v_proj, o_proj (HF Llama names), grouped-query heads:
+    H = num_heads query heads, G = num_kv_heads key/value heads (G = 1: multi-query)."""
+
+    def __init__(self, width: int, num_heads: int, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, bias: bool = False, dropout: float = 0.0,
+                 rope: bool = False, rope_base: float = 10000.0, rope_interleaved: bool = False,
+                 *, rng: np.random.Generator | int = 0, dtype=np.float64):
+        width = validate.positive_int("width", width)
+        num_heads = validate.positive_int("num_heads", num_heads)
+        if head_dim is None:
+            if width % num_heads:
+                raise ValueError(f"width ({width}) must be divisible by num_heads ({num_heads})"
+                                 " (or give head_dim)")
+            head_dim = width // num_heads
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        super().__init__(num_heads, num_kv_heads, head_dim, dropout, rope, rope_base,
+                         rope_interleaved, dtype)
+        rng = np.random.default_rng(rng)
+        self.q_proj = Linear(width, num_heads * head_dim, bias, rng=rng, dtype=dtype)
+        self.k_proj = Linear(width, num_kv_heads * head_dim, bias, rng=rng, dtype=dtype)
+        self.v_proj = Linear(width, num_kv_heads * head_dim, bias, rng=rng, dtype=dtype)
+        self.o_proj = Linear(num_heads * head_dim, width, bias, rng=rng, dtype=dtype)
+
+    @property
+    def output_layer(self):
+        return self.o_proj
+
+    def _project(self, query, key, value):
+        q, q_cache = self.q_proj.forward(query)
+        if key is None:
+            return q, None, None, (q_cache, None, None)
+        k, k_cache = self.k_proj.forward(key)
+        v, v_cache = self.v_proj.forward(value)
+        return q, k, v, (q_cache, k_cache, v_cache)
+
+    def _project_backward(self, dq, dk, dv, caches, inputs):
+        dquery = self.q_proj.backward(merge_heads(dq), caches[0])
+        if dk is None:
+            return _gradients(inputs, dquery, None, None)
+        return _gradients(inputs, dquery, self.k_proj.backward(merge_heads(dk), caches[1]),
+                          self.v_proj.backward(merge_heads(dv), caches[2]))
+
+
+class FusedAttention(HeadAttention):
+    """One `qkv` Linear to 3C (q, k, v in that order along the output) and an `output` Linear:
+    the tiny GPT of the seed material (no biases) and GPT-2 (with biases). Self-attention
+    only."""
+
+    def __init__(self, width: int, num_heads: int, bias: bool = False, dropout: float = 0.0,
+                 rope: bool = False, rope_base: float = 10000.0, rope_interleaved: bool = False,
+                 *, rng: np.random.Generator | int = 0, dtype=np.float64):
+        width = validate.positive_int("width", width)
+        num_heads = validate.positive_int("num_heads", num_heads)
+        if width % num_heads:
+            raise ValueError(f"width ({width}) must be divisible by num_heads ({num_heads})")
+        super().__init__(num_heads, num_heads, width // num_heads, dropout, rope, rope_base,
+                         rope_interleaved, dtype)
+        rng = np.random.default_rng(rng)
+        self.width = width
+        self.qkv = Linear(width, 3 * width, bias, rng=rng, dtype=dtype)
+        self.output = Linear(width, width, bias, rng=rng, dtype=dtype)
+
+    @property
+    def output_layer(self):
+        return self.output
+
+    def forward(self, x, *, attn_mask=None, key_padding_mask=None, is_causal: bool = False,
+                positions=None, past_kv=None, rng=None):
+        return super().forward(x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                               is_causal=is_causal, positions=positions, past_kv=past_kv,
+                               rng=rng)
+
+    def _project(self, query, key, value):
+        qkv, cache = self.qkv.forward(query)                            # (B, T, 3C)
+        width = self.width
+        q, k, v = qkv[..., :width], qkv[..., width:2 * width], qkv[..., 2 * width:]
+        return q, k, v, cache
+
+    def _qkv_gradient(self, batch: int, length: int, dtype):
+        """The gradient of the qkv output, (B, T, 3C), empty, and its thirds seen as heads
+        (B, H, T, d): the views dq, dk and dv are written through."""
+        width = self.width
+        dqkv = np.empty((batch, length, 3 * width), dtype)
+        return dqkv, tuple(split_heads(dqkv[..., part * width:(part + 1) * width],
+                                       self.num_heads) for part in range(3))
+
+    def backward(self, dout, cache: AttentionLayerCache):
+        """As HeadAttention.backward. Without RoPE or a KV cache, attention_backward writes
+        the head gradients straight into their thirds of the qkv output's gradient (B, T, 3C)
+        (each head's (T, d) block is a strided matrix BLAS writes in place): dq, dk and dv
+        are never arrays of their own, and nothing is copied."""
+        if cache.rope is not None or cache.past_length:
+            return super().backward(dout, cache)
+        dheads = split_heads(self.output.backward(dout, cache.output), self.num_heads)
+        dqkv, thirds = self._qkv_gradient(dheads.shape[0], dheads.shape[2], dheads.dtype)
+        attention_backward(dheads, cache.attention, out=thirds)
+        return self.qkv.backward(dqkv, cache.projections)
+
+    def _project_backward(self, dq, dk, dv, caches, inputs):
+        """Each head gradient is copied into its third of the qkv output's gradient."""
+        dqkv, thirds = self._qkv_gradient(dq.shape[0], dq.shape[2], dq.dtype)
+        for third, dheads in zip(thirds, (dq, dk, dv)):
+            third[...] = dheads
+        return self.qkv.backward(dqkv, caches)
+
+
+class TorchMultiheadAttention(HeadAttention):
+    """torch.nn.MultiheadAttention(embed_dim, num_heads, dropout, bias, batch_first=True):
+    in_proj_weight (3E, E) holding W_q, W_k, W_v stacked, in_proj_bias (3E,), out_proj.
+
+    forward(query, key, value, key_padding_mask=None, attn_mask=None, is_causal=False) has
+    torch's meaning (bool True = blocked; a 3-D attn_mask is (B * num_heads, Tq, Tk)) and
+    backward returns (dquery, dkey, dvalue) -- pass the same array three times for self-
+    attention and add the three gradients, as autograd would."""
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 *, rng: np.random.Generator | int = 0, dtype=np.float64):
+        embed_dim = validate.positive_int("embed_dim", embed_dim)
+        num_heads = validate.positive_int("num_heads", num_heads)
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads "
+                             f"({num_heads})")
+        super().__init__(num_heads, num_heads, embed_dim // num_heads, dropout, False, 0.0,
+                         False, dtype)
+        rng = np.random.default_rng(rng)
+        self.embed_dim = embed_dim
+        bound = math.sqrt(6.0 / (embed_dim + 3 * embed_dim))           # xavier_uniform_
+        self.in_proj_weight = Parameter(rng.uniform(-bound, bound, (3 * embed_dim, embed_dim))
+                                        .astype(self.dtype))
+        self.in_proj_bias = Parameter(np.zeros(3 * embed_dim, self.dtype)) if bias else None
+        self.out_proj = Linear(embed_dim, embed_dim, bias, rng=rng, dtype=dtype)
+        if bias:
+            self.out_proj.bias.data[:] = 0.0
+
+    @property
+    def output_layer(self):
+        return self.out_proj
+
+    def forward(self, query, key, value, key_padding_mask=None, attn_mask=None,
+                is_causal: bool = False, rng=None, *, past_kv=None, static_kv=None):
+        """torch's forward (need_weights=False). `past_kv` and `static_kv` are the KV caches of
+        HeadAttention (with static_kv, key and value are None; backward then returns
+        (dquery, None, None))."""
+        validate.float_array("query", query, ndim=3, shape="(B, Tq, C)")
+        batch = query.shape[0]
+        if isinstance(attn_mask, np.ndarray) and attn_mask.ndim == 3:
+            if attn_mask.shape[0] != batch * self.num_heads:
+                raise ValueError(f"a 3-D attn_mask must have shape (B * num_heads, Tq, Tk) = "
+                                 f"({batch * self.num_heads}, ...); got {attn_mask.shape}")
+            attn_mask = attn_mask.reshape(batch, self.num_heads, *attn_mask.shape[1:])
+        return super().forward(query, key, value, attn_mask=attn_mask,
+                               key_padding_mask=key_padding_mask, is_causal=is_causal,
+                               past_kv=past_kv, static_kv=static_kv, rng=rng)
+
+    def _slices(self):
+        e = self.embed_dim
+        return slice(0, e), slice(e, 2 * e), slice(2 * e, 3 * e)
+
+    def _project(self, query, key, value):
+        weight = self.in_proj_weight.data
+        bias = None if self.in_proj_bias is None else self.in_proj_bias.data
+        outputs, caches = [], []
+        for x, part in zip((query, key, value), self._slices()):
+            if x is None:
+                outputs.append(None)
+                caches.append(None)
+                continue
+            y, c = linear_forward(x, weight[part], None if bias is None else bias[part])
+            outputs.append(y)
+            caches.append(c)
+        return (*outputs, tuple(caches))
+
+    def _project_backward(self, dq, dk, dv, caches, inputs):
+        grads = []
+        for d, part, c in zip((dq, dk, dv), self._slices(), caches):
+            if d is None:
+                grads.append(None)
+                continue
+            dx, dweight, dbias = linear_backward(merge_heads(d), c)
+            self.in_proj_weight.grad[part] += dweight
+            if self.in_proj_bias is not None:
+                self.in_proj_bias.grad[part] += dbias
+            grads.append(dx)
+        return tuple(grads)

@@ -1,0 +1,261 @@
+"""LayerNorm and RMSNorm over the last axis, exactly torch.nn.LayerNorm and torch.nn.RMSNorm.
+
+Shapes: x (..., C) -> out (..., C); weight and bias (C,). Every statistic is taken over the last
+axis only, one row (one token's C features) at a time; the leading axes are batch and time.
+
+    LayerNorm:  out = w * (x - mean) / sqrt(var + eps) + b,    var = mean((x - mean)^2)
+    RMSNorm:    out = w * x / sqrt(mean(x^2) + eps)
+
+SPEC §5: LayerNorm uses the biased variance (divide by C, not C - 1) with eps INSIDE the square
+root, default eps 1e-5. RMSNorm has no bias and no mean subtraction, and its eps must be given
+explicitly: torch's nn.RMSNorm(eps=None) means finfo(dtype).eps, which would silently differ
+between float32 and float64, and Llama checkpoints use 1e-6 or 1e-5, so numpy_tf has no default.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.module import Module, Parameter
+
+
+def _check_row_input(x, weight, bias, eps) -> float:
+    """Validate x (..., C) and the optional (C,) weight and bias; return eps as a Python float."""
+    validate.float_array("x", x, min_ndim=1, shape="(..., C)")
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None:
+            validate.float_array(name, param, shape="(C,)")
+    validate.same_dtype(weight=weight, bias=bias, x=x)
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None and param.shape != x.shape[-1:]:
+            raise ValueError(f"{name} must have shape ({x.shape[-1]},) to match x's last "
+                             f"dimension; got {param.shape}")
+    return validate.positive_float("eps", eps)
+
+
+def _normalized_width(normalized_shape) -> int:
+    if isinstance(normalized_shape, tuple) and len(normalized_shape) == 1:
+        normalized_shape = normalized_shape[0]
+    if isinstance(normalized_shape, bool) or \
+            not isinstance(normalized_shape, (int, np.integer)) or normalized_shape <= 0:
+        raise ValueError("normalized_shape must be a positive integer C (numpy_tf normalizes "
+                         f"over the last axis only); got {normalized_shape!r}")
+    return int(normalized_shape)
+
+
+def _explicit_eps(eps):
+    """RMSNorm's eps has no default (see the module text): None is refused by name."""
+    if eps is None:
+        raise ValueError("eps must be given explicitly for RMSNorm (Llama uses 1e-6 or 1e-5; "
+                         "torch's eps=None means finfo(dtype).eps, which numpy_tf does not "
+                         "guess); got None")
+    return eps
+
+
+def _leading_axes(array: np.ndarray) -> tuple[int, ...]:
+    """Every axis but the last: the (batch, time) positions a (C,) parameter is shared over."""
+    return tuple(range(array.ndim - 1))
+
+
+def _row_mean(a: np.ndarray) -> np.ndarray:
+    """mean over the last axis, (..., C) -> (..., 1): the sum divided by C, which is what
+    a.mean computes, without its Python-level wrapper (it counts at the tiny sizes)."""
+    return np.add.reduce(a, axis=-1, keepdims=True) / a.shape[-1]
+
+
+def _row_mean_of_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """mean over the last axis of a * b, (..., C) -> (..., 1), in one pass (einsum forms no
+    (..., C) temporary)."""
+    return np.einsum("...i,...i->...", a, b)[..., None] / a.shape[-1]
+
+
+def _sum_over_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """sum over every leading (batch, time) position of a * b, (..., C) -> (C,), in one pass."""
+    return np.einsum("ni,ni->i", a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]))
+
+
+# -- LayerNorm --------------------------------------------------------------------------------
+class LayerNormCache(NamedTuple):
+    x_hat: np.ndarray               # (..., C) (x - mean) * inv_std, for dx and dweight
+    inv_std: np.ndarray             # (..., 1) 1 / sqrt(var + eps), for dx
+    weight: np.ndarray | None       # (C,) or None, for dx
+    has_bias: bool
+
+
+def layernorm_forward(x: np.ndarray, weight: np.ndarray | None = None,
+                      bias: np.ndarray | None = None, eps: float = 1e-5):
+    """out = weight * x_hat + bias, x_hat = (x - mean) / sqrt(var + eps), over the last axis,
+    biased variance, as torch.nn.functional.layer_norm. x (..., C) -> out (..., C)."""
+    return _layernorm(x, weight, bias, _check_row_input(x, weight, bias, eps))
+
+
+def _layernorm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float):
+    """layernorm_forward's computation, for callers that have checked its arguments (the
+    LayerNorm class checks x against its own Parameters once)."""
+    mean = _row_mean(x)                                             # (..., 1)
+    centered = x - mean                                             # (..., C)
+    var = _row_mean_of_product(centered, centered)                  # (..., 1) divides by C
+    inv_std = 1.0 / np.sqrt(var + eps)                              # (..., 1)
+    x_hat = centered                                                # (..., C), in place:
+    x_hat *= inv_std                                                # centered is not kept
+    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
+    if bias is not None:
+        out += bias
+    return out, LayerNormCache(x_hat, inv_std, weight, bias is not None)
+
+
+def layernorm_backward(dout: np.ndarray, cache: LayerNormCache):
+    """The gradient of LayerNorm over one row x of C features (every row is independent).
+
+    Definitions, as in the forward:
+        mean    = (1/C) sum_j x_j
+        var     = (1/C) sum_j (x_j - mean)^2          (biased)
+        inv_std = (var + eps)^(-1/2)
+        x_hat_i = (x_i - mean) inv_std
+        out_i   = w_i x_hat_i + b_i
+
+    Parameters: out_i depends on w_i and b_i only through w_i x_hat_i + b_i, so, summed over
+    every row,
+        dweight_i = sum_rows dout_i x_hat_i,        dbias_i = sum_rows dout_i.
+
+    Input. Let g_i = dout_i w_i, the gradient reaching x_hat_i. The pieces:
+        d mean / d x_j    = 1/C
+        d var / d x_j     = (2/C) (x_j - mean)    (the terms from d mean/d x_j sum to zero,
+                                                   because sum_i (x_i - mean) = 0)
+        d inv_std / d x_j = -(1/2) (var + eps)^(-3/2) (2/C) (x_j - mean) = -inv_std x_hat_j / C
+                            (inv_std^3 (x_j - mean) = inv_std^2 x_hat_j, and inv_std^2 is
+                             1 / (var + eps); the eps is inside every factor, no approximation)
+        d x_hat_i / d x_j = inv_std ([i = j] - 1/C) + (x_i - mean) d inv_std / d x_j
+                          = inv_std ([i = j] - 1/C - x_hat_i x_hat_j / C)
+    so
+        dx_j = sum_i g_i d x_hat_i / d x_j
+             = inv_std (g_j - mean(g) - x_hat_j mean(g * x_hat)),
+
+    the closed form the code uses (means over the row). When eps dominates (a row of nearly
+    equal values, var << eps), inv_std stays at most eps^(-1/2) and x_hat stays small, so dx
+    stays finite; it is still the exact derivative, since eps was never dropped.
+
+    Cached: x_hat and inv_std (everything dx needs, instead of x, mean and var), and the weight
+    for g. Returns (dx, dweight, dbias); dweight / dbias are None for an absent weight / bias.
+    """
+    x_hat, inv_std, weight, has_bias = cache
+    g = dout * weight if weight is not None else dout                        # (..., C)
+    dx = g - _row_mean(g)                                                    # (..., C)
+    dx -= x_hat * _row_mean_of_product(g, x_hat)
+    dx *= inv_std
+    dweight = _sum_over_positions(dout, x_hat) if weight is not None else None  # (C,)
+    dbias = dout.sum(axis=_leading_axes(dout)) if has_bias else None            # (C,)
+    return dx, dweight, dbias
+
+
+# -- RMSNorm ----------------------------------------------------------------------------------
+class RMSNormCache(NamedTuple):
+    x_hat: np.ndarray               # (..., C) x * inv_rms, for dx and dweight
+    inv_rms: np.ndarray             # (..., 1) 1 / sqrt(mean(x^2) + eps), for dx
+    weight: np.ndarray | None       # (C,) or None, for dx
+
+
+def rmsnorm_forward(x: np.ndarray, weight: np.ndarray | None = None, eps: float | None = None):
+    """out = weight * x / sqrt(mean(x^2) + eps) over the last axis, as torch.nn.RMSNorm.
+    x (..., C) -> out (..., C). eps is required (there is no default; see the module text)."""
+    eps = _check_row_input(x, weight, None, _explicit_eps(eps))
+    mean_square = _row_mean_of_product(x, x)                        # (..., 1)
+    inv_rms = 1.0 / np.sqrt(mean_square + eps)                      # (..., 1)
+    x_hat = x * inv_rms                                             # (..., C)
+    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
+    return out, RMSNormCache(x_hat, inv_rms, weight)
+
+
+def rmsnorm_backward(dout: np.ndarray, cache: RMSNormCache):
+    """The gradient of RMSNorm over one row x of C features.
+
+    Definitions, as in the forward:
+        inv_rms = ((1/C) sum_j x_j^2 + eps)^(-1/2)
+        x_hat_i = x_i inv_rms
+        out_i   = w_i x_hat_i
+
+    Weight: dweight_i = sum_rows dout_i x_hat_i.
+
+    Input. Let g_i = dout_i w_i. There is no mean to subtract, so
+        d inv_rms / d x_j = -(1/2) inv_rms^3 (2/C) x_j = -inv_rms x_hat_j / C
+                            (inv_rms^3 x_j = inv_rms^2 x_hat_j, and inv_rms^2 = 1 / (mean(x^2)
+                             + eps): eps stays inside)
+        d x_hat_i / d x_j = inv_rms [i = j] + x_i d inv_rms / d x_j
+                          = inv_rms ([i = j] - x_hat_i x_hat_j / C)
+    so
+        dx_j = inv_rms (g_j - x_hat_j mean(g * x_hat)),
+
+    LayerNorm's formula without the mean(g) term (no mean was subtracted forward). A row of
+    zeros gives inv_rms = eps^(-1/2), x_hat = 0 and dx = g eps^(-1/2): finite.
+
+    Cached: x_hat and inv_rms, and the weight for g. Returns (dx, dweight); dweight is None
+    without a weight.
+    """
+    x_hat, inv_rms, weight = cache
+    g = dout * weight if weight is not None else dout                        # (..., C)
+    dx = g - x_hat * _row_mean_of_product(g, x_hat)                          # (..., C)
+    dx *= inv_rms
+    dweight = _sum_over_positions(dout, x_hat) if weight is not None else None  # (C,)
+    return dx, dweight
+
+
+# -- thin classes -----------------------------------------------------------------------------
+class LayerNorm(Module):
+    """torch.nn.LayerNorm(normalized_shape, eps, elementwise_affine, bias) over the last axis.
+    Parameters `weight` (C,) initialised to ones and `bias` (C,) to zeros, as torch; both are
+    None without elementwise_affine, the bias is None with bias=False."""
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, dtype=np.float64):
+        super().__init__(dtype)
+        self.normalized_shape = _normalized_width(normalized_shape)
+        self.eps = validate.positive_float("eps", eps)
+        width = self.normalized_shape
+        self.weight = Parameter(np.ones(width, self.dtype)) if elementwise_affine else None
+        self.bias = Parameter(np.zeros(width, self.dtype)) \
+            if elementwise_affine and bias else None
+
+    def forward(self, x):
+        weight = None if self.weight is None else self.weight.data
+        if not validate.is_plain_input(x, self.dtype if weight is None else weight.dtype,
+                                       self.normalized_shape):
+            validate.float_array("x", x, min_ndim=1, shape="(..., C)")
+            validate.last_dim("x", x, self.normalized_shape, "normalized_shape")
+            validate.same_dtype(weight=weight, x=x)     # the bias has the weight's dtype
+        return _layernorm(x, weight, None if self.bias is None else self.bias.data, self.eps)
+
+    def backward(self, dout, cache):
+        dx, dweight, dbias = layernorm_backward(dout, cache)
+        if self.weight is not None:
+            self.weight.grad += dweight
+        if self.bias is not None:
+            self.bias.grad += dbias
+        return dx
+
+
+class RMSNorm(Module):
+    """torch.nn.RMSNorm(normalized_shape, eps, elementwise_affine) over the last axis, with eps
+    REQUIRED: torch's eps=None (finfo(dtype).eps) has no counterpart here, pass the model's
+    value (1e-6 or 1e-5 for Llama). Parameter `weight` (C,) initialised to ones, as torch; None
+    without elementwise_affine. There is no bias."""
+
+    def __init__(self, normalized_shape: int, eps: float, elementwise_affine: bool = True,
+                 dtype=np.float64):
+        super().__init__(dtype)
+        self.normalized_shape = _normalized_width(normalized_shape)
+        self.eps = validate.positive_float("eps", _explicit_eps(eps))
+        self.weight = Parameter(np.ones(self.normalized_shape, self.dtype)) \
+            if elementwise_affine else None
+
+    def forward(self, x):
+        validate.float_array("x", x, min_ndim=1, shape="(..., C)")
+        validate.last_dim("x", x, self.normalized_shape, "normalized_shape")
+        return rmsnorm_forward(x, None if self.weight is None else self.weight.data, self.eps)
+
+    def backward(self, dout, cache):
+        dx, dweight = rmsnorm_backward(dout, cache)
+        if self.weight is not None:
+            self.weight.grad += dweight
+        return dx

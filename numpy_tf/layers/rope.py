@@ -1,0 +1,168 @@
+"""Rotary position embedding (RoPE), applied to the queries and the keys of attention.
+
+Shapes: x (B, H, T, D) queries or keys, D = head_dim (even); positions (T,) shared by the batch,
+or (B, T) per sequence (left padding); cos and sin (T, D/2) or (B, 1, T, D/2), which broadcast
+against the (B, H, T, D/2) halves of x.
+
+The D features form D/2 pairs (a_i, b_i). At position p, pair i is rotated by the angle
+theta = p omega_i, omega_i = base^(-2i / D) (SPEC §5, base 10000 by default):
+
+    a_i' = a_i cos(theta) - b_i sin(theta)
+    b_i' = a_i sin(theta) + b_i cos(theta)
+
+Which features form a pair is the layout:
+- interleaved=True:  (a_i, b_i) = (x_2i, x_2i+1) (RoFormer, Meta's Llama: x as D/2 complex
+  numbers a + ib multiplied by e^(i theta));
+- interleaved=False: (a_i, b_i) = (x_i, x_i+D/2) (HF Llama, GPT-NeoX:
+  `x * cos + rotate_half(x) * sin` with cos and sin of the angles concatenated twice).
+The two are one rotation seen through a fixed permutation of the feature axis: with
+perm = [0, 2, 4, ..., 1, 3, 5, ...], rotate_half_layout(x[..., perm]) equals
+rotate_interleaved(x)[..., perm]. A checkpoint converted between the layouts permutes the rows
+of its query and key projections this way.
+
+Why it encodes relative position: R_m^T R_n = R_(n - m) for rotations, so
+<R_m q, R_n k> = <q, R_(n - m) k> depends on m and n only through n - m.
+
+The angles are computed in the working dtype, exactly as HF transformers does in float32:
+inv_freq = 1 / base^(arange(0, D, 2) / D), angles = positions * inv_freq, so a float32 run matches
+HF's float32 model. (HF keeps the angles in float32 even for a float64 model; numpy_tf computes
+them in float64 there.)
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.module import Module, float_dtype
+from .positions import inverse_frequencies
+
+EVEN_HEAD_DIM = "rotations act on pairs of features"
+
+
+def rope_tables(positions: np.ndarray, head_dim: int, base: float = 10000.0,
+                dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) of the angles positions * omega_i, in `dtype`: (T, D/2) for positions (T,),
+    (B, 1, T, D/2) for positions (B, T) (the 1 broadcasts over the heads)."""
+    validate.integer_array("positions", positions, ndim=(1, 2), shape="(T,) or (B, T)")
+    validate.non_negative_entries("positions", positions)
+    head_dim = validate.even_positive_int("head_dim", head_dim, EVEN_HEAD_DIM)
+    base = validate.positive_float("base", base)
+    dtype = float_dtype(dtype)
+    inv_freq = inverse_frequencies(head_dim, base, dtype)                   # (D/2,)
+    angles = positions[..., None].astype(dtype) * inv_freq                  # (..., T, D/2)
+    if positions.ndim == 2:
+        angles = angles[:, None]                                            # (B, 1, T, D/2)
+    return np.cos(angles), np.sin(angles)
+
+
+def _pairs(x: np.ndarray, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Views (a, b) of x's feature pairs, each (..., D/2), in the chosen layout."""
+    if interleaved:
+        return x[..., 0::2], x[..., 1::2]
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+
+
+def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool,
+                inverse: bool = False) -> np.ndarray:
+    """Rotate every pair (a, b) of x by its angle: (a cos - b sin, a sin + b cos); with
+    inverse=True by minus the angle: (a cos + b sin, -a sin + b cos). A new array."""
+    a, b = _pairs(x, interleaved)                                           # (..., D/2) each
+    out = np.empty_like(x)                                                  # (..., D)
+    out_a, out_b = _pairs(out, interleaved)
+    if inverse:
+        out_a[...] = a * cos + b * sin
+        out_b[...] = b * cos - a * sin
+    else:
+        out_a[...] = a * cos - b * sin
+        out_b[...] = a * sin + b * cos
+    return out
+
+
+class RoPECache(NamedTuple):
+    cos: np.ndarray         # (T, D/2) or (B, 1, T, D/2)
+    sin: np.ndarray         # same shape as cos
+    interleaved: bool
+
+
+def _check_interleaved(interleaved) -> bool:
+    if not isinstance(interleaved, (bool, np.bool_)):
+        raise TypeError(f"interleaved must be True (pairs 2i, 2i+1) or False (halves i, "
+                        f"i+D/2); got {interleaved!r}")
+    return bool(interleaved)
+
+
+def rope_forward(x: np.ndarray, positions: np.ndarray, base: float = 10000.0,
+                 interleaved: bool = False):
+    """Rotate x (B, H, T, D) at `positions` ((T,) or (B, T) non-negative integers).
+    Returns (out (B, H, T, D), RoPECache)."""
+    validate.float_array("x", x, ndim=4, shape="(B, H, T, head_dim)")
+    if x.shape[-1] % 2:
+        raise ValueError(f"x must have an even last dimension head_dim ({EVEN_HEAD_DIM}); "
+                         f"got shape {x.shape}")
+    interleaved = _check_interleaved(interleaved)
+    validate.integer_array("positions", positions, ndim=(1, 2), shape="(T,) or (B, T)")
+    batch, _, length, _ = x.shape
+    expected = (length,) if positions.ndim == 1 else (batch, length)
+    if positions.shape != expected:
+        raise ValueError(f"positions must have shape {expected} to match x's (B, T) = "
+                         f"({batch}, {length}); got {positions.shape}")
+    cos, sin = rope_tables(positions, x.shape[-1], base, x.dtype)
+    return rope_rotate(x, cos, sin, interleaved), RoPECache(cos, sin, interleaved)
+
+
+def rope_backward(dout: np.ndarray, cache: RoPECache) -> np.ndarray:
+    """RoPE is linear in x: each pair is multiplied by the rotation matrix
+
+        R(theta) = [[cos theta, -sin theta],
+                    [sin theta,  cos theta]],      [a', b'] = R(theta) [a, b].
+
+    The Jacobian of [a', b'] with respect to [a, b] is R(theta) itself, so the gradient is the
+    transpose applied to the upstream gradient:
+
+        [da, db] = R(theta)^T [da', db'].
+
+    A rotation is orthogonal, and R(theta)^T = R(-theta) (cos is even, sin is odd): the
+    backward is the inverse rotation,
+
+        da =  da' cos(theta) + db' sin(theta)
+        db = -da' sin(theta) + db' cos(theta),
+
+    which is rope_rotate with inverse=True, in the same layout. Cached: only cos and sin
+    (x is not needed, the map being linear). Integer positions get no gradient. Returns dx.
+    """
+    cos, sin, interleaved = cache
+    return rope_rotate(dout, cos, sin, interleaved, inverse=True)            # (B, H, T, D)
+
+
+class RotaryEmbedding(Module):
+    """RoPE for x (B, H, T, head_dim); no parameters (cos and sin are built in x's dtype at
+    each call, from the positions).
+
+    forward(x, positions=None, offset=0): positions default to offset .. offset + T - 1 (offset
+    = the tokens already in a KV cache); give explicit positions (T,) or (B, T) instead for left
+    padding. Returns (out, cache); backward(dout, cache) -> dx.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False,
+                 dtype=np.float64):
+        super().__init__(dtype)
+        self.head_dim = validate.even_positive_int("head_dim", head_dim, EVEN_HEAD_DIM)
+        self.base = validate.positive_float("base", base)
+        self.interleaved = _check_interleaved(interleaved)
+
+    def forward(self, x, positions=None, offset=0):
+        validate.float_array("x", x, ndim=4, shape="(B, H, T, head_dim)")
+        validate.last_dim("x", x, self.head_dim, "head_dim")
+        offset = validate.non_negative_int("offset", offset)
+        if positions is None:
+            positions = np.arange(offset, offset + x.shape[2])                 # (T,)
+        elif offset:
+            raise ValueError(f"give positions or offset, not both: positions already say where "
+                             f"each token is; got offset={offset} with explicit positions")
+        return rope_forward(x, positions, self.base, self.interleaved)
+
+    def backward(self, dout, cache):
+        return rope_backward(dout, cache)

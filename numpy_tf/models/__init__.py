@@ -1,0 +1,12 @@
+"""The model families, each composed of layers: GPT / GPT-2 (gpt.py), Llama (llama.py), BERT
+(bert.py), the encoder-decoder (encoder_decoder/), CBOW word vectors (cbow.py); the losses a
+model is trained with (objectives.py) and exact parameter counts from configs (accounting.py).
+Models import layers and the core, never training, generation, interop or the tools."""
+from .accounting import Accounting, account, count_parameters, parameter_breakdown
+from .bert import Bert, BertConfig, BertEmbeddings, MaskedLMHead
+from .cbow import CBOW, cbow_backward, cbow_forward, nearest
+from .encoder_decoder import (Seq2Seq, Seq2SeqConfig, Transformer, TransformerDecoder,
+                              TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
+from .gpt import GPT, DecoderBlock, GPTConfig
+from .llama import Llama, LlamaConfig, LlamaDecoderLayer
+from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss, TargetLoss, shifted_targets

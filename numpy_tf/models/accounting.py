@@ -1,0 +1,354 @@
+"""Counting parameters: exact counts from a model, exact counts from a config alone, and the seed
+material's rule of thumb.
+
+Per block of width d with a 4d feed-forward, attention has four d x d projections (4 d^2) and the
+feed-forward two d x 4d matrices (8 d^2): about 12 d^2 per block, the biases and norms adding
+only O(d) (a SwiGLU FFN of width I has three matrices, 3 d I, about 8 d^2 at I = 8d/3). The tiny
+GPT's block (no attention biases) has exactly 12 d^2 + 9 d: its FFN biases (4d + d) and two
+LayerNorms (4d). The whole model is then about L 12 d^2 + V d.
+
+`account(config)` counts from the formulas below, never allocating a weight, for numpy_tf's
+GPTConfig and for Hugging Face config.json files of model_type gpt2, llama and bert. Shapes:
+V vocabulary, d width, F FFN width, L blocks; Llama adds H query heads, KV key/value heads,
+hd head width, I the SwiGLU width.
+
+    GPT (GPTConfig, HF gpt2)  tokens V d, positions ctx d; per block: norm 2d, qkv 3d^2 (+3d),
+                              attention output d^2 (+d), norm 2d, FFN d F (+F) + F d (+d);
+                              final norm 2d; head V d unless tied to the tokens
+    Llama (HF llama)          embed V d; per block: RMSNorm d, q d H hd, k and v d KV hd each,
+                              o H hd d (biases H hd + 2 KV hd + d with attention_bias), RMSNorm d,
+                              gate/up/down 3 d I (+2I + d with mlp_bias); final norm d;
+                              lm_head V d unless tied
+    BERT (HF bert)            word V d, positions P d, token types T d, LayerNorm 2d; per layer:
+                              qkv 3(d^2 + d), output d^2 + d, LayerNorm 2d, intermediate d I + I,
+                              output I d + d, LayerNorm 2d; then by architecture (below)
+
+BERT's heads follow `architectures[0]` (default BertForMaskedLM, what a bare BertConfig is
+trained as): BertForMaskedLM has the MLM head (transform d^2 + d, LayerNorm 2d, bias V, and the
+decoder, whose weight is the word embedding and whose bias is that bias, unless
+tie_word_embeddings is false: then transformers 5 ties neither, and the decoder adds V d + V)
+and NO pooler (HF builds its BertModel with
+add_pooling_layer=False); BertModel has the pooler (d^2 + d) and no head; BertForPreTraining
+has both and the next-sentence head (2d + 2). An `add_pooling_layer` key in the config (read
+by numpy_tf; HF takes it as a constructor argument) overrides the pooler.
+"""
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from ..core import validate
+from ..core.module import Module
+from .gpt import GPTConfig
+
+
+def count_parameters(model: Module) -> int:
+    """Trainable scalars, a tied Parameter counted once (as torch's sum over parameters())."""
+    return model.num_parameters()
+
+
+def parameter_breakdown(model: Module) -> "OrderedDict[str, int]":
+    """Counts per top-level component (`tokens`, `blocks.0`, ..., `output`), in model order; a
+    tied Parameter is counted under the first name that reaches it."""
+    groups: OrderedDict[str, int] = OrderedDict()
+    for name, parameter in model.named_parameters():
+        parts = name.split(".")
+        key = ".".join(parts[:2] if parts[1:2] and parts[1].isdigit() else parts[:1])
+        groups[key] = groups.get(key, 0) + parameter.size
+    return groups
+
+
+def block_estimate(width: int) -> int:
+    """The 12 d^2 per-block approximation."""
+    return 12 * width * width
+
+
+# -- counting from a config -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    name: str           # the module path in the family's own state_dict; N = every block index
+    formula: str
+    count: int          # parameters of one copy
+    copies: int = 1     # L for a per-block row
+
+    @property
+    def total(self) -> int:
+        return self.count * self.copies
+
+
+@dataclass(frozen=True)
+class Accounting:
+    family: str         # "gpt" (numpy_tf GPTConfig), "gpt2", "llama", "bert"
+    model: str          # the model class whose parameters these are (GPT2LMHeadModel, ...)
+    rows: tuple[Row, ...]
+    tied: bool          # the output head shares the token embedding (counted once)
+    width: int          # d
+    layers: int         # L
+    vocab_size: int     # V
+    has_head: bool = True   # False for an encoder without an output head (BertModel)
+
+    @property
+    def total(self) -> int:
+        return sum(row.total for row in self.rows)
+
+    @property
+    def block(self) -> int:
+        """The exact parameters of one block."""
+        return sum(row.count for row in self.rows if ".N." in row.name)
+
+    @property
+    def block_estimate(self) -> int:
+        return block_estimate(self.width)
+
+    @property
+    def total_estimate(self) -> int:
+        """L 12 d^2 + V d: blocks and one embedding, nothing else."""
+        return self.layers * self.block_estimate + self.vocab_size * self.width
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "model": self.model, "total": self.total,
+                "tied": self.tied, "has_head": self.has_head,
+                "width": self.width, "layers": self.layers, "vocab_size": self.vocab_size,
+                "rows": [{"name": r.name, "formula": r.formula, "count": r.count,
+                          "copies": r.copies, "total": r.total} for r in self.rows],
+                "block": self.block, "block_estimate": self.block_estimate,
+                "block_estimate_rel_diff": relative_difference(self.block_estimate, self.block),
+                "total_estimate": self.total_estimate,
+                "total_estimate_rel_diff": relative_difference(self.total_estimate, self.total)}
+
+    def __str__(self) -> str:
+        head = "output head tied to the token embedding (counted once)" if self.tied else \
+            "untied output head" if self.has_head else "no output head"
+        table = [("component", "formula", "each", "copies", "total")] + [
+            (r.name, r.formula, f"{r.count:,}", str(r.copies), f"{r.total:,}") for r in self.rows]
+        table.append(("total", "", "", "", f"{self.total:,}"))
+        widths = [max(len(line[i]) for line in table) for i in range(5)]
+        lines = [f"{self.model} ({self.family}): d = {self.width}, L = {self.layers}, "
+                 f"V = {self.vocab_size}, {head}"]
+        for line in table:
+            lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
+                                   for i, (cell, w) in enumerate(zip(line, widths))))
+        lines.append(f"one block: {self.block:,} exact; 12·d² = {self.block_estimate:,} "
+                     f"(off by {relative_difference(self.block_estimate, self.block):+.2%})")
+        lines.append(f"whole model: {self.total:,} exact; L·12·d² + V·d = "
+                     f"{self.total_estimate:,} "
+                     f"(off by {relative_difference(self.total_estimate, self.total):+.2%})")
+        return "\n".join(lines)
+
+
+def relative_difference(estimate: int, exact: int) -> float:
+    """(estimate - exact) / exact: negative when the estimate is short."""
+    return (estimate - exact) / exact if exact else 0.0
+
+
+def _plus(condition: bool, term: str) -> str:
+    return f" + {term}" if condition else ""
+
+
+def _gpt(family, model, names, vocab, context, d, ffn, layers, attention_bias, ffn_bias, tied):
+    """GPT-style rows; `names` maps tokens, positions, norm1, attention, norm2, feedforward,
+    final_norm, head to the family's module paths."""
+    rows = (
+        Row(names[0], "V·d", vocab * d), Row(names[1], "ctx·d", context * d),
+        Row(names[2], "2d", 2 * d, layers),
+        Row(names[3], "4d²" + _plus(attention_bias, "4d"),
+            4 * d * d + (4 * d if attention_bias else 0), layers),
+        Row(names[4], "2d", 2 * d, layers),
+        Row(names[5], "2·d·F" + _plus(ffn_bias, "F + d"),
+            2 * d * ffn + (ffn + d if ffn_bias else 0), layers),
+        Row(names[6], "2d", 2 * d),
+        Row(names[7], "tied: 0" if tied else "V·d", 0 if tied else vocab * d))
+    return Accounting(family, model, rows, tied, d, layers, vocab)
+
+
+GPT_NAMES = ("tokens", "positions", "blocks.N.norm1", "blocks.N.attention", "blocks.N.norm2",
+             "blocks.N.feedforward", "final_norm", "output")
+HF_GPT2_NAMES = ("transformer.wte", "transformer.wpe", "transformer.h.N.ln_1",
+                 "transformer.h.N.attn", "transformer.h.N.ln_2", "transformer.h.N.mlp",
+                 "transformer.ln_f", "lm_head")
+
+
+class _Keys:
+    """A config's values, checked as they are read: the message names the key."""
+
+    def __init__(self, config: dict, where: str):
+        self.config, self.where = config, where
+
+    def int(self, key: str, default=None) -> int:
+        """A positive integer; a missing or null key takes `default` (None: required)."""
+        value = self.config.get(key)
+        value = default if value is None else value
+        if value is None:
+            raise ValueError(f"{self.where} lacks {key!r}")
+        return validate.positive_int(f"{self.where} {key}", value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.config.get(key)
+        return default if value is None else validate.flag(f"{self.where} {key}", value)
+
+
+def _numpy_tf_gpt(config: GPTConfig) -> Accounting:
+    keys = _Keys(config.to_dict(), "GPTConfig")
+    width = keys.int("width")
+    return _gpt("gpt", "numpy_tf GPT", GPT_NAMES, keys.int("vocab_size"),
+                keys.int("max_context"), width, keys.int("hidden", 4 * width), keys.int("layers"),
+                keys.flag("attention_bias", False), keys.flag("ffn_bias", True),
+                keys.flag("tied", False))
+
+
+def _hf_gpt2(config: dict) -> Accounting:
+    keys = _Keys(config, "gpt2 config")
+    if keys.flag("add_cross_attention", False):
+        raise ValueError("gpt2 config has add_cross_attention: true; cross-attention blocks "
+                         "are not counted here")
+    width = keys.int("n_embd")
+    return _gpt("gpt2", "GPT2LMHeadModel", HF_GPT2_NAMES, keys.int("vocab_size"),
+                keys.int("n_positions"), width, keys.int("n_inner", 4 * width),
+                keys.int("n_layer"), True, True, keys.flag("tie_word_embeddings", True))
+
+
+def _hf_llama(config: dict) -> Accounting:
+    keys = _Keys(config, "llama config")
+    vocab, d, inner = keys.int("vocab_size"), keys.int("hidden_size"), \
+        keys.int("intermediate_size")
+    layers, heads = keys.int("num_hidden_layers"), keys.int("num_attention_heads")
+    kv_heads = keys.int("num_key_value_heads", heads)
+    head_dim = keys.int("head_dim", d // heads if d % heads == 0 else None)
+    tied = keys.flag("tie_word_embeddings", False)
+    attention_bias, mlp_bias = keys.flag("attention_bias", False), keys.flag("mlp_bias", False)
+    query, key_value = heads * head_dim, kv_heads * head_dim
+    rows = (
+        Row("model.embed_tokens", "V·d", vocab * d),
+        Row("model.layers.N.input_layernorm", "d", d, layers),
+        Row("model.layers.N.self_attn", "d·H·hd + 2·d·KV·hd + H·hd·d"
+            + _plus(attention_bias, "H·hd + 2·KV·hd + d"),
+            2 * d * query + 2 * d * key_value
+            + (query + 2 * key_value + d if attention_bias else 0), layers),
+        Row("model.layers.N.post_attention_layernorm", "d", d, layers),
+        Row("model.layers.N.mlp", "3·d·I" + _plus(mlp_bias, "2I + d"),
+            3 * d * inner + (2 * inner + d if mlp_bias else 0), layers),
+        Row("model.norm", "d", d),
+        Row("lm_head", "tied: 0" if tied else "V·d", 0 if tied else vocab * d))
+    return Accounting("llama", "LlamaForCausalLM", rows, tied, d, layers, vocab)
+
+
+BERT_ARCHITECTURES = {              # architecture -> (pooler, MLM head, next-sentence head)
+    "BertForMaskedLM": (False, True, False),
+    "BertModel": (True, False, False),
+    "BertForPreTraining": (True, True, True),
+}
+
+
+def _hf_bert(config: dict) -> Accounting:
+    keys = _Keys(config, "bert config")
+    architectures = config.get("architectures") or ["BertForMaskedLM"]
+    if not isinstance(architectures, list):
+        raise ValueError(f"bert config architectures must be a list; got {architectures!r}")
+    architecture = architectures[0]
+    if architecture not in BERT_ARCHITECTURES:
+        raise ValueError(f"bert config architecture {architecture!r} is not supported; "
+                         f"supported: {', '.join(BERT_ARCHITECTURES)}")
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError("bert config position_embedding_type must be 'absolute'; got "
+                         f"{config['position_embedding_type']!r}")
+    if keys.flag("add_cross_attention", False):
+        raise ValueError("bert config has add_cross_attention: true; not counted here")
+    pooler, mlm, next_sentence = BERT_ARCHITECTURES[architecture]
+    pooler = keys.flag("add_pooling_layer", pooler)
+    tied = mlm and keys.flag("tie_word_embeddings", True)
+    vocab, d, inner = keys.int("vocab_size"), keys.int("hidden_size"), \
+        keys.int("intermediate_size")
+    layers = keys.int("num_hidden_layers")
+    base = "bert." if mlm else ""
+    layer = f"{base}encoder.layer.N."
+    rows = [
+        Row(f"{base}embeddings.word_embeddings", "V·d", vocab * d),
+        Row(f"{base}embeddings.position_embeddings", "P·d",
+            keys.int("max_position_embeddings") * d),
+        Row(f"{base}embeddings.token_type_embeddings", "T·d", keys.int("type_vocab_size") * d),
+        Row(f"{base}embeddings.LayerNorm", "2d", 2 * d),
+        Row(f"{layer}attention.self", "3(d² + d)", 3 * (d * d + d), layers),
+        Row(f"{layer}attention.output.dense", "d² + d", d * d + d, layers),
+        Row(f"{layer}attention.output.LayerNorm", "2d", 2 * d, layers),
+        Row(f"{layer}intermediate.dense", "d·I + I", d * inner + inner, layers),
+        Row(f"{layer}output.dense", "I·d + d", inner * d + d, layers),
+        Row(f"{layer}output.LayerNorm", "2d", 2 * d, layers)]
+    if pooler:
+        rows.append(Row(f"{base}pooler.dense", "d² + d", d * d + d))
+    if mlm:
+        rows += [Row("cls.predictions.transform.dense", "d² + d", d * d + d),
+                 Row("cls.predictions.transform.LayerNorm", "2d", 2 * d),
+                 Row("cls.predictions.bias", "V", vocab),
+                 Row("cls.predictions.decoder", "tied: 0" if tied else "V·d + V",
+                     0 if tied else vocab * d + vocab)]
+    if next_sentence:
+        rows.append(Row("cls.seq_relationship", "2d + 2", 2 * d + 2))
+    return Accounting("bert", architecture, tuple(rows), tied, d, layers, vocab, mlm)
+
+
+HF_FAMILIES = {"gpt2": _hf_gpt2, "llama": _hf_llama, "bert": _hf_bert}
+GPT_CONFIG_KEYS = frozenset(field.name for field in fields(GPTConfig))
+
+# Known models as the config.json (or GPTConfig JSON) that describes them.
+PRESETS = {
+    "gpt2": {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
+             "n_layer": 12, "n_head": 12},                             # 124,439,808
+    "llama-2-7b": {"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+                   "intermediate_size": 11008, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 32,
+                   "tie_word_embeddings": False},                      # 6,738,415,616
+    "bert-base-uncased": {"model_type": "bert", "architectures": ["BertForMaskedLM"],
+                          "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
+                          "num_attention_heads": 12, "intermediate_size": 3072,
+                          "max_position_embeddings": 512, "type_vocab_size": 2},  # 109,514,298
+    "tiny-gpt": GPTConfig.tiny().to_dict(),                            # 7,232
+}
+
+
+def account(config) -> Accounting:
+    """The exact parameter count of `config`, per component, from formulas alone: a GPTConfig,
+    a dict (an HF config.json with model_type gpt2 / llama / bert, or GPTConfig's own keys
+    without a model_type), or a string (a preset name or a JSON file, see `load_config`)."""
+    if isinstance(config, (str, Path)):
+        config = load_config(config)
+    if isinstance(config, GPTConfig):
+        return _numpy_tf_gpt(config)
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a GPTConfig, a dict, a preset name or a path; got "
+                        f"{type(config).__name__}")
+    model_type = config.get("model_type")
+    if model_type is None:
+        unknown = sorted(set(config) - GPT_CONFIG_KEYS)
+        if unknown or "width" not in config:
+            raise ValueError("config has no model_type and is not a numpy_tf GPTConfig ("
+                             + (f"unknown keys: {', '.join(unknown)}" if unknown else
+                                "no 'width'") + "); give model_type gpt2, llama or bert")
+        return _numpy_tf_gpt(GPTConfig(**config))
+    if not isinstance(model_type, str) or model_type not in HF_FAMILIES:
+        raise ValueError(f"model_type {model_type!r} is not supported; supported: "
+                         f"{', '.join(HF_FAMILIES)} (or numpy_tf GPTConfig keys)")
+    return HF_FAMILIES[model_type](config)
+
+
+def load_config(source) -> dict:
+    """The config a string names: a path that exists (a JSON file, or a folder holding
+    config.json) is read; anything else must be a preset name (`PRESETS`)."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path} is not a JSON file: {error}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{path} must hold a JSON object; got {type(config).__name__}")
+        return config
+    if str(source) in PRESETS:
+        return dict(PRESETS[str(source)])
+    if path.suffix == ".json" or len(path.parts) > 1:
+        raise ValueError(f"no such file: {str(source)!r}")
+    raise ValueError(f"{str(source)!r} is neither a file nor a preset; presets: "
+                     f"{', '.join(PRESETS)}")

@@ -1,0 +1,202 @@
+"""The encoder-decoder Transformer, equal to torch.nn.Transformer(batch_first=True).
+
+Shapes: B batch, S source length, T target length, C = d_model, H = nhead.
+
+    memory = encoder.norm(encoder layers(src))              (B, S, C)
+    out    = decoder.norm(decoder layers(tgt, memory))      (B, T, C)
+
+The layers (Post-LN or Pre-LN, their sub-layers and KV caches) are in
+numpy_tf.transformer_layers. Each stack ends with a final LayerNorm (`encoder.norm`,
+`decoder.norm`), which nn.Transformer always adds, Pre-LN or Post-LN.
+
+Masks have torch's meaning (SPEC §4): bool True = blocked, float added to the scores.
+    src_mask (S, S), tgt_mask (T, T), memory_mask (T, S), or (B * H, ., .) for one per head;
+    src_key_padding_mask, memory_key_padding_mask (B, S), tgt_key_padding_mask (B, T), True at
+    padding.
+`*_is_causal=True` blocks the keys after each query (j > i) on top of the given mask. torch
+takes it only as a hint that the mask IS causal, and refuses it without one; with torch's valid
+use (the causal mask given too) both agree, and numpy_tf also accepts the flag alone. None (the
+default) is False: the mask is used as given, which is what torch's detection amounts to.
+A query whose keys are all blocked (the first rows of a left-padded target under the causal
+mask) gets a zero attention output, as torch's SDPA path gives; the layer's output there is the
+residual and norms of its input, not zero.
+
+Parameter names are torch's state_dict keys (encoder.layers.0.self_attn.in_proj_weight, ...,
+decoder.layers.0.multihead_attn.out_proj.bias, decoder.norm.weight).
+
+One difference from torch: in eval mode without gradients, torch's TransformerEncoder may take a
+"fast path" (nested tensors) that returns zeros at padded source positions before encoder.norm;
+numpy_tf always computes the standard path (what torch computes with gradients). Padded memory
+positions are never attended to, so every real position agrees either way.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ...core import validate
+from ...core.module import Module, ModuleList
+from ...layers.norm import LayerNorm
+from .layers import (TransformerDecoderLayer, TransformerEncoderLayer, check_attention_mask,
+                     check_padding_mask, check_sequence)
+
+__all__ = ["Transformer", "TransformerEncoder", "TransformerDecoder",
+           "TransformerEncoderLayer", "TransformerDecoderLayer"]
+
+
+class StackCache(NamedTuple):
+    layers: list        # one cache per layer
+    norm: tuple | None  # the final LayerNorm's cache
+
+
+class _Stack(Module):
+    """`num_layers` copies of a layer (`layers.0`, ...; each its own Parameters, equal at first,
+    as torch's clones) and an optional final LayerNorm `norm`."""
+
+    def __init__(self, layer: Module, num_layers: int, norm: LayerNorm | None = None):
+        super().__init__(layer.dtype)
+        num_layers = validate.positive_int("num_layers", num_layers)
+        self.layers = ModuleList([copy.deepcopy(layer) for _ in range(num_layers)],
+                                 dtype=self.dtype)
+        self.norm = norm
+
+
+class TransformerEncoder(_Stack):
+    """torch.nn.TransformerEncoder(encoder_layer: TransformerEncoderLayer, num_layers, norm).
+    forward(src, mask=None, src_key_padding_mask=None, is_causal=None, rng=None)
+    -> (memory, cache); backward(dmemory, cache) -> dsrc."""
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None, rng=None):
+        caches = []
+        x = src
+        for layer in self.layers:
+            x, cache = layer.forward(x, mask, src_key_padding_mask, is_causal, rng)
+            caches.append(cache)
+        norm = None
+        if self.norm is not None:
+            x, norm = self.norm.forward(x)
+        return x, StackCache(caches, norm)
+
+    def backward(self, dout, cache: StackCache):
+        dx = dout if self.norm is None else self.norm.backward(dout, cache.norm)
+        for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
+            dx = layer.backward(dx, layer_cache)
+        return dx
+
+
+class DecoderCache(NamedTuple):
+    layers: list
+    norm: tuple | None
+    present: list       # per layer, the self-attention (k, v): past_kv of the next call
+    cross_kv: list      # per layer, the memory's (k, v): static_kv of the next call
+
+
+class TransformerDecoder(_Stack):
+    """torch.nn.TransformerDecoder(decoder_layer: TransformerDecoderLayer, num_layers, norm).
+    forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+            memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False,
+            rng=None, *, past_kv=None, static_kv=None) -> (out, cache), past_kv and static_kv
+    being lists with one (k, v) per layer; backward(dout, cache) -> (dtgt, dmemory)."""
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False,
+                rng=None, *, past_kv=None, static_kv=None):
+        for name, per_layer in (("past_kv", past_kv), ("static_kv", static_kv)):
+            if per_layer is not None and len(per_layer) != len(self.layers):
+                raise ValueError(f"{name} must hold one (k, v) per layer ({len(self.layers)}); "
+                                 f"got {len(per_layer)}")
+        caches = []
+        x = tgt
+        for index, layer in enumerate(self.layers):
+            x, cache = layer.forward(
+                x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                tgt_is_causal, memory_is_causal, rng,
+                past_kv=None if past_kv is None else past_kv[index],
+                static_kv=None if static_kv is None else static_kv[index])
+            caches.append(cache)
+        norm = None
+        if self.norm is not None:
+            x, norm = self.norm.forward(x)
+        return x, DecoderCache(caches, norm, [c.present for c in caches],
+                               [c.cross_kv for c in caches])
+
+    def backward(self, dout, cache: DecoderCache):
+        """Every layer reads the same memory, so its gradient is the sum over the layers."""
+        dx = dout if self.norm is None else self.norm.backward(dout, cache.norm)
+        dmemory = None
+        for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
+            dx, dlayer_memory = layer.backward(dx, layer_cache)
+            if dlayer_memory is not None:
+                dmemory = dlayer_memory if dmemory is None else dmemory + dlayer_memory
+        return dx, dmemory
+
+
+class TransformerCache(NamedTuple):
+    encoder: StackCache
+    decoder: DecoderCache
+
+
+class Transformer(Module):
+    """torch.nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers,
+    dim_feedforward, dropout, activation, layer_norm_eps, batch_first=True, norm_first, bias),
+    with torch's defaults; every weight matrix xavier-uniform as torch initialises it.
+    forward(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
+            tgt_key_padding_mask, memory_key_padding_mask, src_is_causal, tgt_is_causal,
+            memory_is_causal, rng) -> (out (B, T, C), cache); backward(dout, cache) ->
+    (dsrc, dtgt)."""
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6,
+                 num_decoder_layers: int = 6, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation: str = "relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = True, norm_first: bool = False, bias: bool = True, *,
+                 rng: np.random.Generator | int = 0, dtype=np.float64):
+        super().__init__(dtype)
+        rng = np.random.default_rng(rng)
+        options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                       layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                       norm_first=norm_first, bias=bias, rng=rng, dtype=dtype)
+        self.d_model, self.nhead = d_model, nhead
+        self.encoder = TransformerEncoder(
+            TransformerEncoderLayer(d_model, nhead, **options), num_encoder_layers,
+            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype))
+        self.decoder = TransformerDecoder(
+            TransformerDecoderLayer(d_model, nhead, **options), num_decoder_layers,
+            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype))
+        for parameter in self.parameters():
+            if parameter.data.ndim > 1:                                 # xavier_uniform_
+                bound = math.sqrt(6.0 / sum(parameter.shape))
+                parameter.data[...] = rng.uniform(-bound, bound, parameter.shape)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
+                src_key_padding_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+                memory_is_causal=False, rng=None):
+        check_sequence("src", src, self.d_model, self.dtype, "(B, S, C)")
+        check_sequence("tgt", tgt, self.d_model, self.dtype, "(B, T, C)")
+        if src.shape[0] != tgt.shape[0]:
+            raise ValueError(f"src and tgt must have the same batch size; got {src.shape[0]} "
+                             f"and {tgt.shape[0]}")
+        batch, sources = src.shape[:2]
+        check_attention_mask("src_mask", src_mask, batch, self.nhead, sources, sources,
+                             src.dtype, ("S", "S"))
+        check_padding_mask("src_key_padding_mask", src_key_padding_mask, batch, sources,
+                           src.dtype, "S")
+        self.decoder.layers[0].check_inputs(tgt, src, tgt_mask, memory_mask,
+                                            tgt_key_padding_mask, memory_key_padding_mask,
+                                            None, None)
+        memory, encoder = self.encoder.forward(src, src_mask, src_key_padding_mask,
+                                               src_is_causal, rng)              # (B, S, C)
+        out, decoder = self.decoder.forward(tgt, memory, tgt_mask, memory_mask,
+                                            tgt_key_padding_mask, memory_key_padding_mask,
+                                            tgt_is_causal, memory_is_causal, rng)  # (B, T, C)
+        return out, TransformerCache(encoder, decoder)
+
+    def backward(self, dout, cache: TransformerCache):
+        """The decoder in reverse gives dtgt and the memory's gradient (summed over the decoder
+        layers); the encoder in reverse turns the latter into dsrc."""
+        dtgt, dmemory = self.decoder.backward(dout, cache.decoder)
+        dsrc = self.encoder.backward(dmemory, cache.encoder)
+        return dsrc, dtgt

@@ -1,0 +1,265 @@
+"""The Llama decoder (HF LlamaForCausalLM): RMSNorm, rotary positions, grouped-query attention and
+a SwiGLU feed-forward.
+
+Shapes: B batch, T new positions, P positions already in a KV cache, C hidden_size, F
+intermediate_size, H query heads, G key/value heads (G divides H), d head_dim, V vocab_size.
+
+    ids (B, T) -> embed_tokens (B, T, C) -> N blocks -> norm (RMSNorm) -> lm_head (B, T, V)
+
+A block is pre-norm, with no biases and no position table:
+    u = x + SelfAttn(input_layernorm(x))          causal; RoPE on q and k (HF's halves layout)
+    y = u + MLP(post_attention_layernorm(u))      MLP(h) = down(silu(gate(h)) * up(h))
+
+Parameter names are HF's with the `model.` prefix dropped: embed_tokens.weight,
+layers.0.self_attn.q_proj.weight, ..., layers.0.mlp.gate_proj.weight, ...,
+layers.0.input_layernorm.weight, layers.0.post_attention_layernorm.weight, norm.weight,
+lm_head.weight (numpy_tf.interop adds the prefix). With tie_word_embeddings the head is the
+token embedding: one Parameter whose gradient is the sum of its two uses.
+
+Positions: RoPE rotates by position p = P + t by default (t = 0 .. T-1); explicit `positions`
+(T,) or (B, T) serve left padding (HF's cumsum(attention_mask) - 1). RoPE has no table, so no
+length is refused: max_position_embeddings is only the length the model was trained for.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.module import Module, ModuleList
+from ..layers.embedding import Embedding, normal_init
+from ..layers.linear import Linear
+from ..layers.mlp import SwiGLU
+from ..layers.multihead import MultiHeadAttention
+from ..layers.norm import RMSNorm
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """HF LlamaConfig's fields that shape the computation, with HF's names. head_dim None is
+    hidden_size // num_attention_heads; num_key_value_heads None is num_attention_heads."""
+    vocab_size: int = 32
+    hidden_size: int = 16
+    intermediate_size: int = 24
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048     # documentation only: longer inputs are allowed
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    attention_dropout: float = 0.0
+    pad_token_id: int | None = None         # its embedding row gets no gradient, as in HF
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "max_position_embeddings"):
+            validate.positive_int(name, getattr(self, name))
+        heads, kv_heads = self.num_attention_heads, self.kv_heads
+        validate.positive_int("num_key_value_heads", kv_heads)
+        if heads % kv_heads:
+            raise ValueError(f"num_key_value_heads ({kv_heads}) must divide "
+                             f"num_attention_heads ({heads}): each key/value head serves "
+                             "an equal group of query heads")
+        if self.head_dim is None and self.hidden_size % heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by "
+                             f"num_attention_heads ({heads}), or give head_dim")
+        validate.even_positive_int("head_dim", self.head_width, "RoPE rotates pairs of "
+                                   "features")
+        validate.positive_float("rms_norm_eps", self.rms_norm_eps)
+        validate.positive_float("rope_theta", self.rope_theta)
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id must be None or in [0, {self.vocab_size}); got "
+                             f"{self.pad_token_id!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_attention_heads if self.num_key_value_heads is None \
+            else self.num_key_value_heads
+
+    @property
+    def head_width(self) -> int:
+        return self.hidden_size // self.num_attention_heads if self.head_dim is None \
+            else self.head_dim
+
+    def num_parameters(self) -> int:
+        """The count of trainable scalars, from the shapes alone (nothing is allocated); a tied
+        head is counted once."""
+        c, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q_width, kv_width = self.num_attention_heads * self.head_width, \
+            self.kv_heads * self.head_width
+        attention = 2 * c * q_width + 2 * c * kv_width
+        if self.attention_bias:
+            attention += q_width + 2 * kv_width + c
+        mlp = 3 * c * f + ((2 * f + c) if self.mlp_bias else 0)
+        block = attention + mlp + 2 * c
+        head = 0 if self.tie_word_embeddings else v * c
+        return v * c + self.num_hidden_layers * block + c + head
+
+    @classmethod
+    def smollm2_135m(cls, **changes) -> "LlamaConfig":
+        """HuggingFaceTB/SmolLM2-135M's shape: 134,515,008 parameters."""
+        base = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+                    max_position_embeddings=8192)
+        return cls(**{**base, **changes})
+
+    @classmethod
+    def llama2_7b(cls, **changes) -> "LlamaConfig":
+        """meta-llama/Llama-2-7b-hf's shape: 6,738,415,616 parameters (do not allocate it
+        casually: 54 GB in float64)."""
+        base = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                    rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096)
+        return cls(**{**base, **changes})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LlamaDecoderLayerCache(NamedTuple):
+    input_layernorm: tuple
+    self_attn: tuple            # AttentionLayerCache; its `present` is this layer's KV cache
+    post_attention_layernorm: tuple
+    mlp: tuple
+
+
+class LlamaDecoderLayer(Module):
+    """One pre-norm block (HF's names and order: self_attn, mlp, input_layernorm,
+    post_attention_layernorm)."""
+
+    def __init__(self, config: LlamaConfig, *, rng: np.random.Generator | int = 0,
+                 dtype=np.float64):
+        super().__init__(dtype)
+        rng = np.random.default_rng(rng)
+        c = config
+        self.self_attn = MultiHeadAttention(
+            c.hidden_size, c.num_attention_heads, c.kv_heads, c.head_width, c.attention_bias,
+            c.attention_dropout, rope=True, rope_base=c.rope_theta, rope_interleaved=False,
+            rng=rng, dtype=dtype)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias, rng=rng, dtype=dtype)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
+
+    def forward(self, x, key_padding_mask=None, past_kv=None, positions=None, rng=None):
+        """x (B, T, C) -> (B, T, C)."""
+        h, input_norm = self.input_layernorm.forward(x)                 # (B, T, C)
+        a, attention = self.self_attn.forward(
+            h, is_causal=True, key_padding_mask=key_padding_mask, positions=positions,
+            past_kv=past_kv, rng=rng)                                   # (B, T, C)
+        u = x + a
+        h, post_norm = self.post_attention_layernorm.forward(u)
+        f, mlp = self.mlp.forward(h)                                    # (B, T, C)
+        return u + f, LlamaDecoderLayerCache(input_norm, attention, post_norm, mlp)
+
+    def backward(self, dy, cache: LlamaDecoderLayerCache):
+        """The forward in exact reverse. Each residual passes its gradient straight through
+        and adds its branch's input gradient: du = dy + dMLP-branch, dx = du + dattn-branch."""
+        dh = self.mlp.backward(dy, cache.mlp)
+        du = dy + self.post_attention_layernorm.backward(dh, cache.post_attention_layernorm)
+        dh = self.self_attn.backward(du, cache.self_attn)
+        return du + self.input_layernorm.backward(dh, cache.input_layernorm)
+
+
+class LlamaCache(NamedTuple):
+    embed_tokens: tuple
+    layers: list
+    norm: tuple
+    lm_head: tuple
+    present: list               # per layer, the (k, v) heads (B, G, P + T, d) after this call
+
+
+class Llama(Module):
+    """The decoder-only Llama model; `Llama(LlamaConfig(...))`, or numpy_tf.interop.from_hf
+    for a Hugging Face LlamaForCausalLM's weights."""
+
+    def __init__(self, config: LlamaConfig = LlamaConfig(), *,
+                 rng: np.random.Generator | int = 0, dtype=np.float64):
+        super().__init__(dtype)
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(f"config must be a LlamaConfig (use numpy_tf.interop.from_hf for "
+                            f"a Hugging Face config); got {type(config).__name__}")
+        rng = np.random.default_rng(rng)
+        self.config = c = config
+        self.embed_tokens = Embedding(c.vocab_size, c.hidden_size, c.pad_token_id, rng=rng,
+                                      dtype=dtype)
+        self.layers = ModuleList([LlamaDecoderLayer(c, rng=rng, dtype=dtype)
+                                  for _ in range(c.num_hidden_layers)], dtype=dtype)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
+        self.lm_head = Linear(c.hidden_size, c.vocab_size, bias=False, rng=rng, dtype=dtype)
+        self._initialize(rng)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def _initialize(self, rng: np.random.Generator) -> None:
+        """HF's rule: every Linear and Embedding weight N(0, initializer_range^2), biases
+        zero, the padding row zero; RMSNorm weights keep their ones."""
+        for _, module in self.named_modules():
+            if isinstance(module, (Linear, Embedding)):
+                module.weight.data[...] = normal_init(rng, module.weight.shape,
+                                                      self.config.initializer_range, self.dtype)
+            if isinstance(module, Linear) and module.bias is not None:
+                module.bias.data[...] = 0.0
+        if self.config.pad_token_id is not None:
+            self.embed_tokens.weight.data[self.config.pad_token_id] = 0.0
+
+    def _check_inputs(self, ids, key_padding_mask, past_kv, positions) -> None:
+        validate.integer_array("ids", ids, ndim=2, shape="(B, T)")
+        validate.ids_in_range("ids", ids, self.config.vocab_size)
+        past_length = 0
+        if past_kv is not None:
+            if len(past_kv) != len(self.layers):
+                raise ValueError(f"past_kv must hold one (k, v) per layer ({len(self.layers)}); "
+                                 f"got {len(past_kv)}")
+            c = self.config
+            past_length = past_kv[0][0].shape[2]
+            expected = (ids.shape[0], c.kv_heads, past_length, c.head_width)
+            for index, pair in enumerate(past_kv):
+                if len(pair) != 2 or any(np.shape(part) != expected for part in pair):
+                    raise ValueError(f"past_kv[{index}] must be (k, v), each of shape (B, G, P, "
+                                     f"d) = {expected}: the `present` of an earlier call")
+        if key_padding_mask is not None:
+            expected = (ids.shape[0], past_length + ids.shape[1])
+            if np.shape(key_padding_mask) != expected:
+                raise ValueError(f"key_padding_mask must have shape (B, Tk) = {expected} (the "
+                                 f"cached and the new positions); got {np.shape(key_padding_mask)}")
+        if positions is not None:
+            validate.integer_array("positions", positions, ndim=(1, 2), shape="(T,) or (B, T)")
+            expected = ((ids.shape[1],), ids.shape)
+            if positions.shape not in expected:
+                raise ValueError(f"positions must have shape (T,) = {expected[0]} or (B, T) = "
+                                 f"{expected[1]} to match ids; got {positions.shape}")
+            validate.non_negative_entries("positions", positions)
+
+    def forward(self, ids, key_padding_mask=None, past_kv=None, positions=None, rng=None):
+        """ids (B, T) -> logits (B, T, V), causal. `key_padding_mask` (B, P + T) is True at
+        padding; `past_kv` is the cache's `present` of an earlier call (P positions); RoPE
+        positions default to P .. P + T - 1, or are given as (T,) or (B, T) integers."""
+        self._check_inputs(ids, key_padding_mask, past_kv, positions)
+        x, embed_tokens = self.embed_tokens.forward(ids)                # (B, T, C)
+        caches, present = [], []
+        for index, layer in enumerate(self.layers):
+            x, cache = layer.forward(x, key_padding_mask,
+                                     None if past_kv is None else past_kv[index], positions,
+                                     rng)
+            caches.append(cache)
+            present.append(cache.self_attn.present)
+        x, norm = self.norm.forward(x)                                  # (B, T, C)
+        logits, lm_head = self.lm_head.forward(x)                       # (B, T, V)
+        return logits, LlamaCache(embed_tokens, caches, norm, lm_head, present)
+
+    def backward(self, dlogits, cache: LlamaCache):
+        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        dx = self.lm_head.backward(dlogits, cache.lm_head)
+        dx = self.norm.backward(dx, cache.norm)
+        for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
+            dx = layer.backward(dx, layer_cache)
+        self.embed_tokens.backward(dx, cache.embed_tokens)
+        return None

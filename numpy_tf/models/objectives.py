@@ -1,0 +1,114 @@
+"""Training objectives that wrap a model: the loss is the output, so the pair can be checked by
+finite differences and trained like any Module.
+
+    next-token (causal LM):  loss = mean over t of CE(logits[:, t], ids[:, t + 1])
+    masked LM (BERT):        loss = mean over the chosen positions t of
+                             CE(logits[:, t], labels[:, t]), the model reading the corrupted
+                             inputs (every position sees every other: nothing is shifted)
+    sequence-to-sequence:    loss = mean over t of CE(logits[:, t], target[:, t]), the decoder
+                             reading BOS + target (teacher forcing): logits[:, t] sees
+                             target[:, :t] only (the causal mask)
+
+A padded position predicts nothing, and nothing is asked to predict padding: both get
+ignore_index, so the mean runs over the real (position, next token) pairs only.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.module import Module
+from ..layers.cross_entropy_loss import (CrossEntropyCache, cross_entropy_backward,
+                                         cross_entropy_forward)
+
+
+def shifted_targets(ids: np.ndarray, key_padding_mask=None, ignore_index: int = -100):
+    """(B, T) int64 targets aligned with the logits of every position: ids[:, t + 1], and
+    ignore_index at the last position, at padded positions and before padded tokens."""
+    targets = np.full(ids.shape, ignore_index, dtype=np.int64)
+    targets[:, :-1] = ids[:, 1:]
+    if key_padding_mask is not None:
+        ignored = key_padding_mask.copy()
+        ignored[:, :-1] |= key_padding_mask[:, 1:]
+        targets[ignored] = ignore_index
+    return targets
+
+
+class ModelLossCache(NamedTuple):
+    model: tuple
+    loss: CrossEntropyCache
+    logits: np.ndarray          # (B, T, V), kept for whoever wants to look at them
+
+
+NextTokenLossCache = ModelLossCache
+
+
+class _ModelLoss(Module):
+    """A model and the mean cross-entropy of its logits; backward runs the model's backward."""
+
+    def __init__(self, model: Module, label_smoothing: float = 0.0):
+        super().__init__(model.dtype)
+        self.model = model
+        self.label_smoothing = label_smoothing
+
+    def _loss(self, logits, model_cache, targets):
+        loss, loss_cache = cross_entropy_forward(logits, targets,
+                                                 label_smoothing=self.label_smoothing)
+        return loss, ModelLossCache(model_cache, loss_cache, logits)
+
+    def backward(self, dloss, cache: ModelLossCache):
+        return self.model.backward(cross_entropy_backward(dloss, cache.loss), cache.model)
+
+
+class NextTokenLoss(_ModelLoss):
+    """forward(ids, key_padding_mask=None) -> (mean next-token cross-entropy, cache) of a
+    causal language model; backward(dloss, cache) runs the model's backward."""
+
+    def forward(self, ids, key_padding_mask=None, **model_kwargs):
+        logits, model_cache = self.model.forward(ids, key_padding_mask=key_padding_mask,
+                                                 **model_kwargs)
+        return self._loss(logits, model_cache, shifted_targets(ids, key_padding_mask))
+
+
+
+class TargetLoss(_ModelLoss):
+    """forward(inputs, targets, **model_kwargs) -> (mean cross-entropy of model(inputs)
+    against targets, cache), targets already aligned with the logits (ignore_index where no
+    target): the objective of next-token windows, whose targets come shifted."""
+
+    def forward(self, inputs, targets, **model_kwargs):
+        logits, model_cache = self.model.forward(inputs, **model_kwargs)
+        return self._loss(logits, model_cache, targets)
+
+
+class MaskedLMLoss(TargetLoss):
+    """forward(inputs, labels, key_padding_mask=None, token_type_ids=None, rng=None) -> (mean
+    cross-entropy of the logits at the positions whose label is not ignore_index, cache) of an
+    encoder with a masked-language-model head (numpy_tf.bert.Bert): `inputs` (B, T) are the ids
+    after masking, `labels` (B, T) the original ids at the chosen positions and -100 elsewhere,
+    as numpy_tf.data.mask_tokens makes them (HF's `labels=` loss of BertForMaskedLM).
+    backward(dloss, cache) runs the model's backward."""
+
+    def forward(self, inputs, labels, **model_kwargs):
+        validate.integer_array("labels", labels)
+        if labels.shape != np.shape(inputs):
+            raise ValueError(f"labels must have the shape of inputs {np.shape(inputs)} (one "
+                             f"label per position, -100 where nothing is asked); got "
+                             f"{labels.shape}")
+        return super().forward(inputs, labels, **model_kwargs)
+
+
+class Seq2SeqLoss(_ModelLoss):
+    """forward(src_ids, decoder_input, target, src_key_padding_mask=None,
+    tgt_key_padding_mask=None) -> (mean cross-entropy of `target`, cache) of a Seq2Seq model
+    under teacher forcing: decoder_input = BOS + target (padded), target = target + EOS with
+    ignore_index (-100) at padding, as numpy_tf.data.reverse_digits gives them
+    (tgt_key_padding_mask is the decoder input's). backward(dloss, cache) -> None."""
+
+    def forward(self, src_ids, decoder_input, target, src_key_padding_mask=None,
+                tgt_key_padding_mask=None, rng=None):
+        logits, model_cache = self.model.forward(src_ids, decoder_input, src_key_padding_mask,
+                                                 tgt_key_padding_mask, rng)
+        return self._loss(logits, model_cache, target)

@@ -1,0 +1,112 @@
+"""Training CBOW word vectors, and saving them with their vocabulary.
+
+    model, vocabulary, losses = train_cbow(text, window=2, dim=16, rng=np.random.default_rng(0))
+    save_cbow("cbow.npz", model, vocabulary)      # the words travel with the weights
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import validate
+from ..core.npz import from_json_array, json_array, load_npz, save_npz
+from ..layers.cross_entropy_loss import cross_entropy
+from ..models.cbow import CBOW
+from ..optim import Adam
+from ..text.datasets import batch_indices, cbow_pairs
+from ..text.vocabulary import Vocabulary, words
+
+
+class CBOWTraining(NamedTuple):
+    model: CBOW
+    vocabulary: Vocabulary | None   # None when trained on ids without a vocabulary
+    losses: np.ndarray              # (epochs,) float64, each the mean over every example
+
+
+def train_cbow(data, window: int = 2, dim: int = 16, epochs: int = 50, batch_size: int = 16,
+               lr: float = 0.01, rng: np.random.Generator | None = None, *,
+               vocabulary: Vocabulary | None = None, dtype=np.float64) -> CBOWTraining:
+    """Train a CBOW model with Adam on every (context, centre) pair of `data`.
+
+    `data` is a text (its words give the vocabulary, unless `vocabulary` is given) or a 1-D
+    sequence of ids (then V is len(vocabulary), or max id + 1 without one). Positions without
+    `window` words on both sides are skipped; too short a text is an error, raised before any
+    work. `rng`, an explicit Generator (required: None is an error), draws the initial weights
+    and shuffles the pairs every epoch.
+
+    The loss of an epoch is the mean over EVERY pair: each batch's mean is weighted by its
+    number of pairs, so a smaller last batch counts for what it holds (the plain mean of the
+    batch means would over-weight it). It is measured on the fly, with the weights before each
+    step. A non-finite loss stops training with an error.
+    """
+    window = validate.positive_int("window", window)
+    dim = validate.positive_int("dim", dim)
+    epochs = validate.positive_int("epochs", epochs)
+    batch_size = validate.positive_int("batch_size", batch_size)
+    lr = validate.number("lr", lr, low=0.0)
+    rng = validate.generator("rng", rng)
+    if isinstance(data, str):
+        tokens = words(data)
+        vocabulary = Vocabulary.build(tokens) if vocabulary is None else vocabulary
+        ids = vocabulary.encode(tokens)
+    else:
+        ids = validate.token_ids("data", data, size=None if vocabulary is None else
+                                 len(vocabulary))
+    pairs = cbow_pairs(ids, window)
+    pairs.check_nonempty()
+    vocab_size = len(vocabulary) if vocabulary is not None else int(ids.max()) + 1
+
+    model = CBOW(vocab_size, dim, rng=rng, dtype=dtype)
+    optimizer = Adam(model.parameters(), lr=lr)
+    count = len(pairs.centres)
+    losses = np.zeros(epochs)
+    for epoch in range(epochs):
+        total = 0.0
+        for batch in batch_indices(count, batch_size, rng):
+            logits, cache = model.forward(pairs.contexts[batch])               # (B, V)
+            loss, dlogits = cross_entropy(logits, pairs.centres[batch])
+            if not np.isfinite(loss):
+                raise FloatingPointError(f"CBOW loss is {float(loss)} in epoch {epoch}; "
+                                         f"training stopped (try a smaller lr than {lr})")
+            optimizer.zero_grad()
+            model.backward(dlogits, cache)
+            optimizer.step()
+            total += float(loss) * len(batch)
+        losses[epoch] = total / count
+    return CBOWTraining(model, vocabulary, losses)
+
+
+# -- saving: the weights and the vocabulary in one file -------------------------------------
+FORMAT = "numpy_tf cbow 1"
+
+
+def save_cbow(path, model: CBOW, vocabulary: Vocabulary) -> None:
+    """One .npz (no pickle, written atomically): `meta` (JSON: format, dtype, the words in id
+    order) and `param/<name>` for every parameter."""
+    if len(vocabulary) != model.vocab_size:
+        raise ValueError(f"vocabulary has {len(vocabulary)} words but the model has "
+                         f"{model.vocab_size} rows")
+    meta = {"format": FORMAT, "dtype": model.dtype.name, "words": list(vocabulary.tokens)}
+    save_npz(path, {"meta": json_array(meta),
+                    **{f"param/{name}": value for name, value in model.state_dict().items()}})
+
+
+def load_cbow(path) -> tuple[CBOW, Vocabulary]:
+    """The model and vocabulary `save_cbow` wrote; names, shapes and dtypes checked strictly."""
+    arrays = load_npz(path)
+    meta = from_json_array(arrays.pop("meta")) if "meta" in arrays else {}
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a CBOW file written by save_cbow (format "
+                         f"{meta.get('format')!r}, expected {FORMAT!r})")
+    state = {key[len("param/"):]: value for key, value in arrays.items()
+             if key.startswith("param/")}
+    weight = state.get("embeddings.weight")
+    if weight is None or weight.ndim != 2:
+        raise ValueError(f"{path} holds no 2-D param/embeddings.weight")
+    model = CBOW(weight.shape[0], weight.shape[1], dtype=weight.dtype)
+    model.load_state_dict(state)
+    vocabulary = Vocabulary(meta.get("words", []))
+    if len(vocabulary) != model.vocab_size:
+        raise ValueError(f"{path}: {len(vocabulary)} words for {model.vocab_size} rows")
+    return model, vocabulary
