@@ -1,10 +1,10 @@
 """The sizes benchmarked, the two models built with identical weights, and the FLOP count.
 
-Both sides are the tiny GPT of the seed material (token embedding + learned positions, Pre-LN
-blocks with a fused qkv without bias, an output projection without bias, an FFN with biases and
-the exact GELU, a final LayerNorm, an output head without bias): numpy_tf's GPT and the torch
-mirror reference/gpt.py TinyGPT, whose state_dict keys are the same names. torch is imported
-here only; numpy_tf never imports it.
+Both sides are the Pre-LN GPT of GPTConfig.tiny() at larger sizes (token embedding + learned
+positions, Pre-LN blocks with a fused qkv without bias, an output projection without bias, an FFN
+with biases and the exact GELU, a final LayerNorm, an output head without bias): numpy_tf's GPT
+and the torch mirror reference/gpt.py TinyGPT, whose state_dict keys are the same names. torch
+is imported here only; numpy_tf never imports it.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""numpy_tf against torch CPU eager: `python -m benchmarks` (see README.md, "Benchmarks").
+"""numpy_tf against torch CPU eager: `python -m benchmarks` (see docs/benchmarks.md).
 
 For each thread count, worker processes (benchmarks/worker.py) time one library each, with the
 thread variables set in their environment before NumPy loads, alternating numpy_tf, torch,
@@ -6,8 +6,8 @@ numpy_tf, torch, ... for --rounds rounds, so that load from other processes fall
 medians pool every round's runs. One library per process because the two disturb each other in
 a shared one (OpenBLAS's threads keep spinning after a product). A last process measures memory
 (with glibc returning freed buffers to the OS at once, so that the resident set follows what is
-live). The results go to benchmarks/results/latest.json and latest.md, and, with --readme, into
-README.md between the benchmark markers.
+live). The results go to benchmarks/results/latest.json and latest.md, and, with --docs, into
+docs/benchmarks.md between the benchmark markers.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+DOCS = ROOT / "docs" / "benchmarks.md"
+TABLE_START, TABLE_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 LOSS_RTOL = {"float64": 1e-10, "float32": 1e-5}
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                     "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
@@ -170,19 +171,29 @@ def markdown(results: dict) -> str:
                          f"{d['same_tokens']} |")
     checks = [t["gradcheck"] for t in results["timing"] if "gradcheck" in t]
     for g in checks:
-        lines += ["", f"Finite-difference gradient check of the tiny GPT ({g['parameters']:,} "
-                      f"parameters, ids {tuple(g['ids_shape'])}, float64): full "
+        lines += ["", f"Finite-difference gradient check of the {g['parameters']:,}-parameter "
+                      f"Pre-LN GPT, GPTConfig.tiny() (ids {tuple(g['ids_shape'])}, float64): full "
                       f"{g['full_seconds']:.2f} s (passed: {g['full_passed']}, norm-relative "
                       f"error {g['full_max_norm_rel_error']:.1e}); fast mode "
                       f"({g['fast_directions']} directions) {g['fast_seconds'] * 1e3:.1f} ms."]
     return "\n".join(lines) + "\n"
 
 
-def update_readme(table: str) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    start, end = text.index(README_START), text.index(README_END)
-    readme.write_text(text[:start + len(README_START)] + "\n" + table + text[end:])
+def table_span(path: Path) -> tuple[str, int, int]:
+    """The text of `path` and where its table lies: after the start marker, up to the end one."""
+    text = path.read_text()
+    if text.count(TABLE_START) != 1 or text.count(TABLE_END) != 1 \
+            or text.index(TABLE_START) > text.index(TABLE_END):
+        raise ValueError(f"{path} must hold {TABLE_START} and then {TABLE_END}, once each")
+    return text, text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+
+
+def update_docs(table: str, path: Path | None = None) -> None:
+    """Put `table` between the benchmark markers of `path` (default docs/benchmarks.md), keeping
+    everything outside them."""
+    path = path or DOCS
+    text, start, end = table_span(path)
+    path.write_text(text[:start] + "\n" + table + text[end:])
 
 
 def main(argv=None) -> None:
@@ -203,11 +214,14 @@ def main(argv=None) -> None:
                              "(repeatable; recorded with the results), e.g. an allocator "
                              "setting such as MALLOC_TRIM_THRESHOLD_=1000000000")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--readme", action="store_true", help="put the table into README.md")
+    parser.add_argument("--docs", "--readme", dest="docs", action="store_true",
+                        help="put the table into docs/benchmarks.md (--readme: the old name)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other thread counts' results of the previous latest.json "
                              "(rerun one thread count when the machine was busy)")
     args = parser.parse_args(argv)
+    if args.docs:
+        table_span(DOCS)                # a page without its markers fails now, not after the run
     threads = [int(t) for t in args.threads.split(",")]
     extra_env = {}
     for setting in args.env:
@@ -257,6 +271,6 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "latest.md").write_text(table)
-    if args.readme:
-        update_readme(table)
+    if args.docs:
+        update_docs(table)
     print(table)

@@ -173,7 +173,7 @@ def time_decoding(size: str, dtype: str, length: int = 256, batch: int = 1) -> d
 
 def time_gradcheck(fast_repeats: int = 20) -> dict:
     """The full (every parameter) and fast (random directions) finite-difference checks of the
-    seed material's tiny GPT (7,232 parameters) on the tiny batch, float64."""
+    7,232-parameter Pre-LN GPT, GPTConfig.tiny(), on the tiny batch, float64."""
     model = GPT(GPTConfig.tiny(), rng=0)
     objective = NextTokenLoss(model)
     ids = batch_ids("tiny")

@@ -8,9 +8,9 @@ The package is layered; each folder imports only the ones above it in this list:
 
     core/       Parameter, Module, input checks, tolerances, .npz files, erf
     layers/     every layer family: cache, pure forward / backward, thin Module
+    text/       tokenizers, datasets, the shipped corpus
     models/     GPT, Llama, BERT, the encoder-decoder, CBOW; losses; parameter counts
     optim/      optimizers, clipping, the learning-rate schedule
-    text/       tokenizers, datasets, the shipped corpus
     training/   the Trainer, checkpoints      generation/  sampling, KV-cache decoding
     interop/    Hugging Face, torch.nn and GGUF layouts
     checking/   gradcheck, case files, export, compare, the torch fixtures

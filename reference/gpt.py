@@ -1,4 +1,4 @@
-"""Fixtures for decoder-only models: the seed material's tiny GPT (reproduced here as a torch
+"""Fixtures for decoder-only models: the 7,232-parameter Pre-LN GPT (reproduced here as a torch
 module with the same state_dict keys) and Hugging Face GPT2LMHeadModel built offline from a small
 GPT2Config with random weights (never downloaded), tied and untied, with and without right
 padding. Each case holds the logits, the mean next-token cross-entropy and every parameter
@@ -51,7 +51,7 @@ class PreLNBlock(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """The seed material's decoder: token + learned positions, Pre-LN blocks, final LayerNorm,
+    """The Pre-LN GPT decoder: token + learned positions, Pre-LN blocks, final LayerNorm,
     an output head without bias."""
 
     def __init__(self, vocab_size, max_context, width, heads, layers):
@@ -134,7 +134,7 @@ def build(out_dir):
     paths = []
     for dtype in DTYPES:
         torch_dtype = DTYPES[dtype]
-        # the tiny GPT of the seed material
+        # the 7,232-parameter Pre-LN GPT
         g = generator(70)
         config = {"vocab_size": 20, "max_context": 8, "width": 16, "heads": 4, "layers": 2}
         model = TinyGPT(**config).to(torch_dtype)

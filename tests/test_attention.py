@@ -17,7 +17,7 @@ def _qkv(rng, batch=2, heads=2, groups=2, tq=3, tk=3, d=4, dv=4):
             rng.standard_normal((batch, groups, tk, dv)))
 
 
-def test_worked_example_of_the_seed_material():
+def test_two_tokens_of_causal_attention_worked_by_hand():
     q = k = np.array([[[[1.0, 0.0], [0.0, 1.0]]]])
     v = np.array([[[[2.0, 0.0], [0.0, 4.0]]]])
     out, cache = attention_forward(q, k, v, is_causal=True)

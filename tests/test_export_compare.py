@@ -36,7 +36,7 @@ def test_keys_come_in_the_documented_order(tiny):
     acts = [key[4:] for key in keys if key.startswith("act/")]
     grad_acts = [key[9:] for key in keys if key.startswith("grad_act/")]
     assert acts[:4] == ["tokens", "positions", "blocks.0.norm1", "blocks.0.attention.qkv"]
-    assert grad_acts == acts[::-1]          # the tiny GPT's backward is its exact reverse
+    assert grad_acts == acts[::-1]          # the GPT's backward is its exact reverse
 
 
 def test_loss_logits_and_gradients_check_out_independently(tiny):

@@ -1,5 +1,5 @@
-"""Decoder-only models: the seed material's tiny GPT, the GPT-2 layout with weight tying, and
-their agreement with the torch module and Hugging Face GPT2LMHeadModel."""
+"""Decoder-only models: the 7,232-parameter Pre-LN GPT (GPTConfig.tiny()), the GPT-2 layout with
+weight tying, and their agreement with the torch module and Hugging Face GPT2LMHeadModel."""
 import numpy as np
 import pytest
 from contract import (assert_fixture_agrees, assert_right_padding_changes_nothing,
@@ -20,7 +20,7 @@ def _gpt2(**changes):
     return GPTConfig.gpt2(**{**small, **changes})
 
 
-def test_tiny_gpt_of_the_seed_material():
+def test_the_7232_parameter_pre_ln_gpt():
     model = GPT(GPTConfig.tiny())
     assert count_parameters(model) == 7232
     assert list(model.state_dict())[:8] == [

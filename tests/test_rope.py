@@ -1,5 +1,5 @@
 """RoPE: the STYLE.md checklist, its identities (length kept, relative position, layouts related
-by a permutation), the seed material's worked example, and bad input."""
+by a permutation), a worked example by hand, and bad input."""
 import numpy as np
 import pytest
 from contract import assert_fixture_agrees, check_contract

@@ -1,6 +1,6 @@
 """numpy_tf.torch_bridge.run_torch: export a case, run a torch model on it, compare. The torch
-models are the mirrors in reference/ (the seed material's TinyGPT, the torch.nn.Transformer
-sequence-to-sequence model) and Hugging Face GPT-2 and Llama built offline."""
+models are the mirrors in reference/ (TinyGPT: the 7,232-parameter Pre-LN GPT; the
+torch.nn.Transformer sequence-to-sequence model) and Hugging Face GPT-2 and Llama built offline."""
 import importlib
 import sys
 import warnings
@@ -38,7 +38,7 @@ def export(tmp_path, model, **kwargs):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_the_seed_materials_tiny_gpt_agrees_number_by_number(tmp_path, dtype):
+def test_the_tiny_pre_ln_gpt_agrees_number_by_number(tmp_path, dtype):
     path, case = export(tmp_path, "tiny-gpt", seed=5, dtype=dtype)
     theirs = tmp_path / "torch.npz"
     run_torch(reference("gpt").TinyGPT(20, 8, 16, 4, 2), path, theirs,

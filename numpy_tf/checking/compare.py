@@ -2,7 +2,7 @@
 
     result = compare_files("reference.npz", "theirs.npz")   # print(result); result.passed
 
-Every key present in both files is compared with numpy_tf.verify.compare_arrays under
+Every key present in both files is compared with numpy_tf.checking.fixtures.compare_arrays under
 tolerances.TORCH[level, dtype]: level from the reference's meta (a whole model: "model"),
 dtype the less precise of the two files (a float32 implementation is held to float32's
 tolerance even against a float64 reference). The absolute floor scales with the largest

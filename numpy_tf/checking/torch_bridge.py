@@ -25,7 +25,7 @@ differs. torch is imported inside run_torch only; numpy_tf never needs it otherw
   named module's output (the first element of a tuple), and a hook on that output tensor its
   gradient, written as act/<numpy_tf name> and grad_act/<numpy_tf name>. "matching" takes
   every activation of the case whose name is also a submodule of the module; a module of the
-  same name must then compute the same thing (the seed material's TinyGPT names its position
+  same name must then compute the same thing (reference/gpt.py's TinyGPT names its position
   table `positions` and adds it outside; numpy_tf's `positions` returns x + P: leave it out).
 
 The written file holds param/, input/, act/, output/, loss, grad_act/ and grad/ (gradients

@@ -3,7 +3,7 @@
     numpy-tf check [--json] [--only PATTERN] [--fixtures DIR]
         every layer against its torch fixtures and finite differences, one table
     numpy-tf train [--text FILE] [--config NAME|FILE] [--steps N] [--out DIR] ...
-        train a model (by default the tiny GPT on the text that ships with numpy_tf)
+        train a model (by default a character-level GPT on the text that ships with numpy_tf)
     numpy-tf sample CHECKPOINT --prompt TEXT [--tokens N] [--temperature T] ...
         continue a prompt with a trained checkpoint
     numpy-tf export --model MODEL [--config NAME|FILE|JSON] [--set KEY=VALUE] -o CASE.npz

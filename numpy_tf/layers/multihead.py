@@ -11,7 +11,7 @@ d head width (C = H d unless head_dim is set).
 
 Layouts (the parameter names are the ones each family's torch code uses):
   MultiHeadAttention      q_proj, k_proj, v_proj, o_proj; grouped-query heads (HF Llama)
-  FusedAttention          qkv (one Linear to 3C), output (the tiny GPT; GPT-2 with biases)
+  FusedAttention          qkv (one Linear to 3C), output (GPTConfig.tiny()'s GPT; GPT-2 with biases)
   TorchMultiheadAttention in_proj_weight, in_proj_bias, out_proj (torch.nn.MultiheadAttention)
 
 forward(query, key=None, value=None, ...): key None is self-attention (backward returns dquery,
@@ -216,8 +216,8 @@ class MultiHeadAttention(HeadAttention):
 
 class FusedAttention(HeadAttention):
     """One `qkv` Linear to 3C (q, k, v in that order along the output) and an `output` Linear:
-    the tiny GPT of the seed material (no biases) and GPT-2 (with biases). Self-attention
-    only."""
+    the 7,232-parameter Pre-LN GPT, GPTConfig.tiny() (no biases), and GPT-2 (with biases).
+    Self-attention only."""
 
     def __init__(self, width: int, num_heads: int, bias: bool = False, dropout: float = 0.0,
                  rope: bool = False, rope_base: float = 10000.0, rope_interleaved: bool = False,

@@ -117,7 +117,7 @@ def _import_block(lines: set[str]) -> str:
 
 
 def assignment(layers: Sequence[str], filename: str = "homework.py") -> str:
-    """The text of a homework file for `layers` (names of numpy_tf.layers_registry.LAYERS;
+    """The text of a homework file for `layers` (names of numpy_tf.teaching.layer_table.LAYERS;
     an unknown name is a ValueError listing the known ones)."""
     if not layers:
         raise ValueError(f"name at least one layer; known layers: {', '.join(LAYERS)}")

@@ -3,7 +3,7 @@
     report = grade("homework.py")      # print(report), report.to_dict(), report.passed
 
 The submission is a Python file defining some of `<layer>_forward(...)` / `<layer>_backward(dout,
-cache)` with numpy_tf's names and signatures (the layers of numpy_tf.layers_registry). It is
+cache)` with numpy_tf's names and signatures (the layers of numpy_tf.teaching.layer_table). It is
 imported by path into a fresh module namespace; a function counts as the student's only if
 the file itself defines it (one imported from numpy_tf is not graded).
 

@@ -1,8 +1,8 @@
-"""How numpy_tf.layers_registry draws each layer's forward arguments.
+"""How numpy_tf.teaching.layer_table draws each layer's forward arguments.
 
 build(g, shape, dtype, **options) -> the forward's keyword arguments, in its signature's order;
 g is the numpy Generator every value is drawn from (in float64, then cast to dtype), `shape`
-the main input's shape, `options` the edge case's (numpy_tf.layers_registry.LAYERS).
+the main input's shape, `options` the edge case's (numpy_tf.teaching.layer_table.LAYERS).
 ReLU inputs stay 0.05 away from the kink: finite differences are meaningless across it.
 An input named `rng` holds a seed (LayerSpec.call makes a fresh Generator of it at each call).
 """
