@@ -1,5 +1,5 @@
 """The two layers of the encoder-decoder Transformer, equal to torch.nn.TransformerEncoderLayer
-and torch.nn.TransformerDecoderLayer (batch_first=True). numpy_tf.transformer stacks them.
+and torch.nn.TransformerDecoderLayer (batch_first=True). transformer.py stacks them.
 
 Shapes: B batch, S source length, T target length, L either, C = d_model, H = nhead,
 F = dim_feedforward.
@@ -18,6 +18,9 @@ FFN(h) = linear2(dropout(activation(linear1(h)))), activation ReLU or exact GELU
 output passes its own dropout (dropout1, dropout2, dropout3) before the residual sum. The
 attention is TorchMultiheadAttention (in_proj_weight, out_proj), so the parameter names are
 torch's: self_attn.in_proj_weight, multihead_attn.out_proj.bias, linear1.weight, norm3.bias.
+
+Each forward lists both orders in full, one module per line; each backward lists them in exact
+reverse, one named gradient per line; the cache has one field per module, named as it.
 
 Masks have torch's meaning (SPEC §4): bool True = blocked, float added to the scores; attention
 masks (Tq, Tk) or (B * H, Tq, Tk) (one per head), key padding masks (B, Tk) True at padding.
@@ -72,11 +75,6 @@ def check_sequence(name: str, x, d_model: int, dtype, legend: str) -> None:
         raise TypeError(f"{name} has dtype {x.dtype} but the layer's parameters are "
                         f"{np.dtype(dtype)}; numpy_tf never casts silently (build the layer "
                         "with the matching dtype=)")
-
-
-class SublayerCache(NamedTuple):
-    norm: tuple         # LayerNormCache of the sub-layer's LayerNorm
-    block: tuple        # the block's caches (attention and dropout, or the FFN's)
 
 
 class _Layer(Module):
