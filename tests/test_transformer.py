@@ -155,14 +155,14 @@ def test_left_padded_target_rows_get_a_zero_attention_output_as_nn_transformer()
     out, cache = model.forward(_x(14, 2, 5, 8), _x(15, 2, 4, 8), tgt_mask=_causal(4),
                                tgt_key_padding_mask=tgt_padding)
     for layer, layer_cache in zip(model.decoder.layers, cache.decoder.layers):
-        attention = layer_cache.self_attention.block[0]
+        attention = layer_cache.self_attn
         np.testing.assert_array_equal(attention.attention.probs[1, :, :2], 0.0)
         assert attention.attention.probs[1, :, 2:].sum(axis=-1) == pytest.approx(1.0)
     first = model.decoder.layers[0]                     # Post-LN: u = LN1(x + out_proj.bias)
     x = _x(15, 2, 4, 8)
     expected, _ = first.norm1.forward(x[1, :2] + first.self_attn.out_proj.bias.data)
-    u, _ = first._sublayer(first.norm1, lambda h: first._attention_block(
-        first.self_attn, first.dropout1, h, None, _causal(4), tgt_padding, False, None), x)
+    a, _ = first.self_attn.forward(x, x, x, tgt_padding, _causal(4), False, None)
+    u, _ = first.norm1.forward(x + a)                   # dropout1 is off (SMALL's dropout 0)
     np.testing.assert_allclose(u[1, :2], expected, rtol=1e-14, atol=1e-15)
     dsrc, dtgt = model.backward(random_like(np.random.default_rng(16), out), cache)
     assert np.isfinite(dsrc).all() and np.isfinite(dtgt).all() and dtgt[1, :2].any()

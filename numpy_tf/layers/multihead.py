@@ -37,13 +37,20 @@ from .linear import Linear, LinearCache, linear_backward, linear_forward
 from .rope import rope_backward, rope_forward
 
 
+class KVCache(NamedTuple):
+    """One attention layer's keys and values after a call (a plain (k, v) tuple is accepted
+    wherever one is passed in)."""
+    k: np.ndarray               # (B, G, Tk, d), after RoPE
+    v: np.ndarray               # (B, G, Tk, d)
+
+
 class AttentionLayerCache(NamedTuple):
     projections: tuple          # the layout's caches of the q, k, v projections
     rope: tuple | None          # (RoPECache of q, RoPECache of k) or None
     attention: AttentionCache   # holds the probabilities (B, H, Tq, Tk)
     output: LinearCache
     past_length: int            # keys an incoming KV cache already held
-    present: tuple              # (k, v) heads (B, G, Tk, d) after RoPE: the next KV cache
+    present: KVCache            # (k, v) heads (B, G, Tk, d) after RoPE: the next KV cache
     inputs: str                 # "self", "key" or "key_value": the gradients to return
     static: bool                # keys and values came from static_kv (no projection to undo)
 
@@ -142,7 +149,7 @@ class HeadAttention(Module):
             self.dropout if self.training else 0.0, rng)
         out, output = self.output_layer.forward(merge_heads(heads))     # (B, Tq, C)
         return out, AttentionLayerCache(projections, rope_caches, attention, output,
-                                        past_length, (k, v), inputs, static)
+                                        past_length, KVCache(k, v), inputs, static)
 
     def backward(self, dout, cache: AttentionLayerCache):
         """The forward in reverse: output projection, merge of the heads, attention, RoPE

@@ -41,12 +41,12 @@ import numpy as np
 from ..core import validate
 from ..core.module import Module
 from ..layers.activations import activation as make_activation
-from ..layers.dropout import Dropout, check_probability
-from ..layers.embedding import Embedding, normal_init
-from ..layers.linear import Linear
+from ..layers.dropout import Dropout, DropoutCache, check_probability
+from ..layers.embedding import Embedding, EmbeddingCache, normal_init
+from ..layers.linear import Linear, LinearCache
 from ..layers.multihead import TorchMultiheadAttention
-from ..layers.norm import LayerNorm
-from ..layers.positions import LearnedPositions
+from ..layers.norm import LayerNorm, LayerNormCache
+from ..layers.positions import LearnedPositions, LearnedPositionsCache
 from .encoder_decoder.layers import ACTIVATIONS, TransformerEncoderLayer
 from .encoder_decoder.transformer import StackCache, TransformerEncoder
 
@@ -99,11 +99,11 @@ class BertConfig:
 
 # -- the embeddings -------------------------------------------------------------------------
 class EmbeddingsCache(NamedTuple):
-    word: tuple                 # EmbeddingCache of the ids
-    token_type: tuple | None    # EmbeddingCache of the token types (None: no segment table)
-    position: tuple | None      # LearnedPositionsCache (None: no position table)
-    norm: tuple                 # LayerNormCache
-    dropout: tuple              # DropoutCache
+    word: EmbeddingCache                    # the ids (B, T) looked up
+    token_type: EmbeddingCache | None       # the token types (None: no segment table)
+    position: LearnedPositionsCache | None  # the rows 0 .. T-1 added (None: no position table)
+    norm: LayerNormCache                    # of the sum (B, T, C)
+    dropout: DropoutCache                   # of the normalised sum
 
 
 class BertEmbeddings(Module):
@@ -126,37 +126,39 @@ class BertEmbeddings(Module):
         self.dropout = Dropout(c.dropout, dtype)
 
     def forward(self, ids, token_type_ids=None, rng=None):
-        x, word = self.word_embeddings.forward(ids)                     # (B, T, C)
+        """ids (B, T) -> x (B, T, C), one step per line."""
         token_type = position = None
+        e, word = self.word_embeddings.forward(ids)                 # (B, T, C)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 token_type_ids = np.zeros(ids.shape, dtype=np.int64)
             segments, token_type = self.token_type_embeddings.forward(token_type_ids)
-            x = x + segments
+            e = e + segments
         if self.position_embeddings is not None:
-            x, position = self.position_embeddings.forward(x)
-        x, norm = self.norm.forward(x)
-        x, dropout = self.dropout.forward(x, rng)
+            e, position = self.position_embeddings.forward(e)       # e + W_pos[0 .. T-1]
+        h, norm = self.norm.forward(e)                              # (B, T, C)
+        x, dropout = self.dropout.forward(h, rng)
         return x, EmbeddingsCache(word, token_type, position, norm, dropout)
 
     def backward(self, dx, cache: EmbeddingsCache):
         """The forward in reverse. A sum passes its gradient to each term unchanged, so every
-        table gets dsum = LN'(dx) at the rows it looked up. Returns None (ids are integers)."""
-        dsum = self.norm.backward(self.dropout.backward(dx, cache.dropout), cache.norm)
+        table gets de = LN'(dh) at the rows it looked up. Returns None (ids are integers)."""
+        dh = self.dropout.backward(dx, cache.dropout)               # x = dropout(h)
+        de = self.norm.backward(dh, cache.norm)                     # h = norm(e)
         if cache.position is not None:
-            dsum = self.position_embeddings.backward(dsum, cache.position)
+            de = self.position_embeddings.backward(de, cache.position)  # e = e + W_pos[0 .. T-1]
         if cache.token_type is not None:
-            self.token_type_embeddings.backward(dsum, cache.token_type)
-        self.word_embeddings.backward(dsum, cache.word)
+            self.token_type_embeddings.backward(de, cache.token_type)  # e = e + segments
+        self.word_embeddings.backward(de, cache.word)               # e = W_word[ids]
         return None
 
 
 # -- the masked-language-model head ------------------------------------------------------------
 class MaskedLMHeadCache(NamedTuple):
-    dense: tuple
-    activation: tuple
-    norm: tuple
-    decoder: tuple
+    dense: LinearCache          # of the hidden states h (B, T, C)
+    activation: tuple           # ReLUCache or GELUCache of dense(h) (B, T, C)
+    norm: LayerNormCache        # of the activation (B, T, C)
+    decoder: LinearCache        # of the normalised states, weight (V, C)
 
 
 class MaskedLMHead(Module):
@@ -174,28 +176,31 @@ class MaskedLMHead(Module):
         self.decoder = Linear(c.hidden_size, c.vocab_size, rng=rng, dtype=dtype)
 
     def forward(self, h):
-        z, dense = self.dense.forward(h)                                # (B, T, C)
+        z, dense = self.dense.forward(h)                            # (B, T, C)
         z, activation = self.activation.forward(z)
         z, norm = self.norm.forward(z)
-        logits, decoder = self.decoder.forward(z)                       # (B, T, V)
+        logits, decoder = self.decoder.forward(z)                   # (B, T, V)
         return logits, MaskedLMHeadCache(dense, activation, norm, decoder)
 
     def backward(self, dlogits, cache: MaskedLMHeadCache):
-        dz = self.norm.backward(self.decoder.backward(dlogits, cache.decoder), cache.norm)
-        dz = self.activation.backward(dz, cache.activation)
-        return self.dense.backward(dz, cache.dense)                     # dh (B, T, C)
+        """The forward in exact reverse; returns dh (B, T, C)."""
+        dz = self.decoder.backward(dlogits, cache.decoder)          # logits = decoder(z)
+        dz = self.norm.backward(dz, cache.norm)                     # z = norm(z)
+        dz = self.activation.backward(dz, cache.activation)         # z = activation(z)
+        dh = self.dense.backward(dz, cache.dense)                   # z = dense(h)
+        return dh
 
 
 # -- the model -------------------------------------------------------------------------------
 class EncodeCache(NamedTuple):
-    embeddings: EmbeddingsCache
-    encoder: StackCache
+    embeddings: EmbeddingsCache     # ids -> x (B, T, C)
+    encoder: StackCache             # x -> hidden (B, T, C): every layer, then the final norm
 
 
 class BertCache(NamedTuple):
-    encode: EncodeCache
-    mlm_head: MaskedLMHeadCache
-    hidden: np.ndarray          # (B, T, C) the encoder's output, for whoever wants it
+    encode: EncodeCache             # ids -> hidden
+    mlm_head: MaskedLMHeadCache     # hidden -> logits (B, T, V)
+    hidden: np.ndarray              # (B, T, C) the encoder's output, for whoever wants it
 
 
 class Bert(Module):
@@ -267,13 +272,14 @@ class Bert(Module):
     def encode(self, ids, key_padding_mask=None, token_type_ids=None, rng=None):
         """ids (B, T) -> (hidden (B, T, C), EncodeCache): the embeddings and the encoder."""
         self._check_inputs(ids, key_padding_mask, token_type_ids)
-        x, embeddings = self.embeddings.forward(ids, token_type_ids, rng)   # (B, T, C)
-        hidden, encoder = self.encoder.forward(x, None, key_padding_mask, None, rng)
+        x, embeddings = self.embeddings.forward(ids, token_type_ids, rng)  # (B, T, C)
+        hidden, encoder = self.encoder.forward(x, None, key_padding_mask, None, rng)  # (B, T, C)
         return hidden, EncodeCache(embeddings, encoder)
 
     def encode_backward(self, dhidden, cache: EncodeCache) -> None:
-        dx = self.encoder.backward(dhidden, cache.encoder)
-        self.embeddings.backward(dx, cache.embeddings)
+        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        dx = self.encoder.backward(dhidden, cache.encoder)          # hidden = encoder(x)
+        self.embeddings.backward(dx, cache.embeddings)              # x = embeddings(ids)
 
     def forward(self, ids, key_padding_mask=None, token_type_ids=None, rng=None):
         """ids (B, T) -> logits (B, T, V) at every position; `key_padding_mask` (B, T) True at
@@ -284,6 +290,6 @@ class Bert(Module):
 
     def backward(self, dlogits, cache: BertCache):
         """The forward in exact reverse; returns None (integer ids have no gradient)."""
-        dhidden = self.mlm_head.backward(dlogits, cache.mlm_head)
-        self.encode_backward(dhidden, cache.encode)
+        dhidden = self.mlm_head.backward(dlogits, cache.mlm_head)   # logits = mlm_head(hidden)
+        self.encode_backward(dhidden, cache.encode)                 # hidden = encode(ids)
         return None

@@ -63,7 +63,7 @@ def cbow_backward(dmean: np.ndarray, cache: CBOWMeanCache) -> np.ndarray:
 
 
 class CBOWCache(NamedTuple):
-    mean: CBOWMeanCache
+    mean: CBOWMeanCache         # the context ids looked up and averaged
     output: LinearCache         # its x is h (N, D)
 
 
@@ -84,13 +84,16 @@ class CBOW(Module):
         return self.embeddings.weight.shape[0]
 
     def forward(self, contexts):
+        """contexts (N, 2c) ids -> logits (N, V): the mean of the context rows, then the head."""
         mean, mean_cache = cbow_forward(contexts, self.embeddings.weight.data)     # (N, D)
         logits, output = self.output.forward(mean)                                 # (N, V)
         return logits, CBOWCache(mean_cache, output)
 
     def backward(self, dlogits, cache: CBOWCache):
-        dmean = self.output.backward(dlogits, cache.output)                        # (N, D)
-        self.embeddings.weight.grad += cbow_backward(dmean, cache.mean)
+        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        dmean = self.output.backward(dlogits, cache.output)             # logits = output(mean)
+        dweight = cbow_backward(dmean, cache.mean)          # mean = cbow_forward(contexts, E)
+        self.embeddings.weight.grad += dweight
         return None
 
 

@@ -1,9 +1,9 @@
-"""Decoder-only models: the tiny GPT of the seed material and the GPT-2 layout.
+"""Decoder-only models: the 7,232-parameter Pre-LN GPT (GPTConfig.tiny()) and the GPT-2 layout.
 
     ids (B, T) -> tokens + learned positions (B, T, C) -> N blocks -> final LayerNorm
         -> output head (B, T, V) logits
 
-A block is Pre-LN (the seed material's choice, GPT-2's):
+A block is Pre-LN (the tiny GPT's choice, and GPT-2's):
     u = x + Attn(LN1(x))            y = u + FFN(LN2(u))
 or Post-LN (the original Transformer's):
     u = LN1(x + Attn(x))            y = LN2(u + FFN(u))
@@ -24,12 +24,12 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, ModuleList
-from ..layers.embedding import Embedding, normal_init
-from ..layers.linear import Linear
+from ..layers.embedding import Embedding, EmbeddingCache, normal_init
+from ..layers.linear import Linear, LinearCache
 from ..layers.mlp import feedforward
-from ..layers.multihead import FusedAttention
-from ..layers.norm import LayerNorm
-from ..layers.positions import LearnedPositions
+from ..layers.multihead import AttentionLayerCache, FusedAttention
+from ..layers.norm import LayerNorm, LayerNormCache
+from ..layers.positions import LearnedPositions, LearnedPositionsCache
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,8 @@ class GPTConfig:
 
     @classmethod
     def tiny(cls, **changes) -> "GPTConfig":
-        """The seed material's TinyTransformer(vocab 20, max_context 8, width 16, 4 heads,
-        2 layers): 7,232 parameters."""
+        """The 7,232-parameter Pre-LN GPT: vocab 20, max_context 8, width 16, 4 heads, 2 layers
+        (reference/gpt.py's TinyGPT is its torch twin)."""
         return cls(**changes)
 
     @classmethod
@@ -67,10 +67,10 @@ class GPTConfig:
 
 
 class DecoderBlockCache(NamedTuple):
-    norm1: tuple
-    attention: tuple
-    norm2: tuple
-    feedforward: tuple
+    norm1: LayerNormCache           # Pre-LN: of x; Post-LN: of x + a
+    attention: AttentionLayerCache  # its `present` is this block's KV cache
+    norm2: LayerNormCache           # Pre-LN: of u; Post-LN: of u + f
+    feedforward: tuple              # the Sequential's caches: Linear, activation, Linear
 
 
 class DecoderBlock(Module):
@@ -90,50 +90,54 @@ class DecoderBlock(Module):
                                        config.ffn_bias, rng=rng, dtype=dtype)
 
     def forward(self, x, key_padding_mask=None, past_kv=None, rng=None):
-        attend = lambda h: self.attention.forward(  # noqa: E731
-            h, is_causal=True, key_padding_mask=key_padding_mask, past_kv=past_kv, rng=rng)
-        if self.norm_first:
-            h, norm1 = self.norm1.forward(x)                        # (B, T, C)
-            a, attention = attend(h)
+        """x (B, T, C) -> y (B, T, C), one sub-layer per line."""
+        if self.norm_first:                 # Pre-LN: u = x + attn(norm1(x)), y = u + ffn(norm2(u))
+            h, norm1 = self.norm1.forward(x)                                # (B, T, C)
+            a, attention = self.attention.forward(
+                h, is_causal=True, key_padding_mask=key_padding_mask, past_kv=past_kv,
+                rng=rng)                                                    # (B, T, C)
             u = x + a
-            h, norm2 = self.norm2.forward(u)
-            f, ff = self.feedforward.forward(h)
+            h, norm2 = self.norm2.forward(u)                                # (B, T, C)
+            f, feedforward = self.feedforward.forward(h)                    # (B, T, C)
             y = u + f
-        else:
-            a, attention = attend(x)
-            u, norm1 = self.norm1.forward(x + a)
-            f, ff = self.feedforward.forward(u)
-            y, norm2 = self.norm2.forward(u + f)
-        return y, DecoderBlockCache(norm1, attention, norm2, ff)
+        else:                               # Post-LN: u = norm1(x + attn(x)), y = norm2(u + ffn(u))
+            a, attention = self.attention.forward(
+                x, is_causal=True, key_padding_mask=key_padding_mask, past_kv=past_kv,
+                rng=rng)                                                    # (B, T, C)
+            u, norm1 = self.norm1.forward(x + a)                            # (B, T, C)
+            f, feedforward = self.feedforward.forward(u)                    # (B, T, C)
+            y, norm2 = self.norm2.forward(u + f)                            # (B, T, C)
+        return y, DecoderBlockCache(norm1, attention, norm2, feedforward)
 
     def backward(self, dy, cache: DecoderBlockCache):
-        """The forward in exact reverse. A residual x + g(x) passes its gradient straight
-        through and adds g's input gradient."""
+        """The forward in exact reverse, each line commented with the forward line it undoes. A
+        residual sum passes its gradient to both terms unchanged, so a value that reached a sum
+        twice (directly and through a branch) gets the sum of the two gradients; Post-LN's ds
+        is the gradient of the sum inside a norm."""
         if self.norm_first:
-            du = self.norm2.backward(self.feedforward.backward(dy, cache.feedforward),
-                                     cache.norm2)
-            du += dy                        # in place: LayerNorm's backward returns a fresh dx
-            dx = self.norm1.backward(self.attention.backward(du, cache.attention), cache.norm1)
-            dx += du
+            dh = self.feedforward.backward(dy, cache.feedforward)       # f = ffn(h)
+            du = dy + self.norm2.backward(dh, cache.norm2)              # h = norm2(u); y = u + f
+            dh = self.attention.backward(du, cache.attention)           # a = attn(h)
+            dx = du + self.norm1.backward(dh, cache.norm1)              # h = norm1(x); u = x + a
         else:
-            ds = self.norm2.backward(dy, cache.norm2)               # d(u + f)
-            du = ds + self.feedforward.backward(ds, cache.feedforward)
-            ds = self.norm1.backward(du, cache.norm1)               # d(x + a)
-            dx = ds + self.attention.backward(ds, cache.attention)
+            ds = self.norm2.backward(dy, cache.norm2)                   # y = norm2(u + f)
+            du = ds + self.feedforward.backward(ds, cache.feedforward)  # f = ffn(u)
+            ds = self.norm1.backward(du, cache.norm1)                   # u = norm1(x + a)
+            dx = ds + self.attention.backward(ds, cache.attention)      # a = attn(x)
         return dx
 
 
 class GPTCache(NamedTuple):
-    tokens: tuple
-    positions: tuple
-    blocks: list
-    final_norm: tuple
-    output: tuple
-    present: list               # per block, the (k, v) KV cache after this call
+    tokens: EmbeddingCache      # the ids (B, T) looked up
+    positions: LearnedPositionsCache    # the rows P .. P + T - 1 added
+    blocks: list                # one DecoderBlockCache per block, in forward order
+    final_norm: LayerNormCache  # of the last block's output (B, T, C)
+    output: LinearCache         # the head's input (B, T, C) and weight (V, C)
+    present: list               # per block, the KVCache (k, v) after this call: the next past_kv
 
 
 class GPT(Module):
-    """The decoder-only model; `GPT(GPTConfig.tiny())` is the seed material's tiny GPT."""
+    """The decoder-only model; `GPT(GPTConfig.tiny())` is the 7,232-parameter Pre-LN GPT."""
 
     def __init__(self, config: GPTConfig = GPTConfig(), *, rng: np.random.Generator | int = 0,
                  dtype=np.float64):
@@ -152,7 +156,7 @@ class GPT(Module):
             self.output.weight = self.tokens.weight
 
     def _initialize(self, rng: np.random.Generator) -> None:
-        """The seed material's rule: every Linear and Embedding weight N(0, init_std^2),
+        """The tiny GPT's initialisation: every Linear and Embedding weight N(0, init_std^2),
         Linear biases zero; LayerNorms keep ones and zeros."""
         for _, module in self.named_modules():
             if isinstance(module, (Linear, Embedding, LearnedPositions)):
@@ -163,7 +167,8 @@ class GPT(Module):
 
     def forward(self, ids, key_padding_mask=None, past_kv=None, rng=None):
         """ids (B, T) -> logits (B, T, V). `key_padding_mask` (B, P + T) is True at padding;
-        `past_kv` is the list of per-block (k, v) of P earlier positions (generation)."""
+        `past_kv` is the list of per-block (k, v) of P earlier positions (generation): an
+        earlier call's `present`, or plain (k, v) tuples."""
         validate.integer_array("ids", ids, ndim=2, shape="(B, T)")
         offset = 0 if past_kv is None else past_kv[0][0].shape[2]
         length = ids.shape[1]
@@ -175,24 +180,24 @@ class GPT(Module):
             raise ValueError(f"past_kv must hold one (k, v) per block ({len(self.blocks)}); "
                              f"got {len(past_kv)}")
         x, tokens = self.tokens.forward(ids)                        # (B, T, C)
-        x, positions = self.positions.forward(x, offset)
+        x, positions = self.positions.forward(x, offset)            # (B, T, C)
         blocks, present = [], []
         for index, block in enumerate(self.blocks):
             x, cache = block.forward(x, key_padding_mask,
                                      None if past_kv is None else past_kv[index], rng)
             blocks.append(cache)
             present.append(cache.attention.present)
-        x, final_norm = self.final_norm.forward(x)
+        x, final_norm = self.final_norm.forward(x)                  # (B, T, C)
         logits, output = self.output.forward(x)                     # (B, T, V)
         return logits, GPTCache(tokens, positions, blocks, final_norm, output, present)
 
     def backward(self, dlogits, cache: GPTCache):
         """The forward in exact reverse; returns None (integer ids have no gradient)."""
-        dx = self.output.backward(dlogits, cache.output)
+        dx = self.output.backward(dlogits, cache.output)            # logits = output(x)
         del dlogits                 # (B, T, V), often the largest array: not held any longer
-        dx = self.final_norm.backward(dx, cache.final_norm)
+        dx = self.final_norm.backward(dx, cache.final_norm)         # x = final_norm(x)
         for block, block_cache in zip(reversed(list(self.blocks)), reversed(cache.blocks)):
-            dx = block.backward(dx, block_cache)
-        dx = self.positions.backward(dx, cache.positions)
-        self.tokens.backward(dx, cache.tokens)
+            dx = block.backward(dx, block_cache)                    # x = block(x)
+        dx = self.positions.backward(dx, cache.positions)           # x = x + W_pos[P .. P+T-1]
+        self.tokens.backward(dx, cache.tokens)                      # x = W_tok[ids]
         return None

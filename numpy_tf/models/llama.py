@@ -29,11 +29,11 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, ModuleList
-from ..layers.embedding import Embedding, normal_init
-from ..layers.linear import Linear
-from ..layers.mlp import SwiGLU
-from ..layers.multihead import MultiHeadAttention
-from ..layers.norm import RMSNorm
+from ..layers.embedding import Embedding, EmbeddingCache, normal_init
+from ..layers.linear import Linear, LinearCache
+from ..layers.mlp import SwiGLU, SwiGLUCache
+from ..layers.multihead import AttentionLayerCache, MultiHeadAttention
+from ..layers.norm import RMSNorm, RMSNormCache
 
 
 @dataclass(frozen=True)
@@ -125,10 +125,10 @@ class LlamaConfig:
 
 
 class LlamaDecoderLayerCache(NamedTuple):
-    input_layernorm: tuple
-    self_attn: tuple            # AttentionLayerCache; its `present` is this layer's KV cache
-    post_attention_layernorm: tuple
-    mlp: tuple
+    input_layernorm: RMSNormCache           # of x (B, T, C)
+    self_attn: AttentionLayerCache          # its `present` is this layer's KV cache
+    post_attention_layernorm: RMSNormCache  # of u (B, T, C)
+    mlp: SwiGLUCache                        # of post_attention_layernorm(u)
 
 
 class LlamaDecoderLayer(Module):
@@ -149,31 +149,36 @@ class LlamaDecoderLayer(Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
 
     def forward(self, x, key_padding_mask=None, past_kv=None, positions=None, rng=None):
-        """x (B, T, C) -> (B, T, C)."""
-        h, input_norm = self.input_layernorm.forward(x)                 # (B, T, C)
+        """x (B, T, C) -> y (B, T, C), one sub-layer per line."""
+        h, input_norm = self.input_layernorm.forward(x)             # (B, T, C)
         a, attention = self.self_attn.forward(
             h, is_causal=True, key_padding_mask=key_padding_mask, positions=positions,
-            past_kv=past_kv, rng=rng)                                   # (B, T, C)
+            past_kv=past_kv, rng=rng)                               # (B, T, C)
         u = x + a
-        h, post_norm = self.post_attention_layernorm.forward(u)
-        f, mlp = self.mlp.forward(h)                                    # (B, T, C)
-        return u + f, LlamaDecoderLayerCache(input_norm, attention, post_norm, mlp)
+        h, post_norm = self.post_attention_layernorm.forward(u)     # (B, T, C)
+        f, mlp = self.mlp.forward(h)                                # (B, T, C)
+        y = u + f
+        return y, LlamaDecoderLayerCache(input_norm, attention, post_norm, mlp)
 
     def backward(self, dy, cache: LlamaDecoderLayerCache):
-        """The forward in exact reverse. Each residual passes its gradient straight through
-        and adds its branch's input gradient: du = dy + dMLP-branch, dx = du + dattn-branch."""
-        dh = self.mlp.backward(dy, cache.mlp)
-        du = dy + self.post_attention_layernorm.backward(dh, cache.post_attention_layernorm)
-        dh = self.self_attn.backward(du, cache.self_attn)
-        return du + self.input_layernorm.backward(dh, cache.input_layernorm)
+        """The forward in exact reverse, each line commented with the forward line it undoes.
+        Each residual passes its gradient straight through and adds its branch's input
+        gradient: du = dy + dMLP-branch, dx = du + dattn-branch."""
+        dh = self.mlp.backward(dy, cache.mlp)                       # f = mlp(h); y = u + f
+        du = dy + self.post_attention_layernorm.backward(
+            dh, cache.post_attention_layernorm)                 # h = post_attention_layernorm(u)
+        dh = self.self_attn.backward(du, cache.self_attn)           # a = self_attn(h); u = x + a
+        dx = du + self.input_layernorm.backward(dh, cache.input_layernorm)  # h = input_layernorm(x)
+        return dx
 
 
 class LlamaCache(NamedTuple):
-    embed_tokens: tuple
-    layers: list
-    norm: tuple
-    lm_head: tuple
-    present: list               # per layer, the (k, v) heads (B, G, P + T, d) after this call
+    embed_tokens: EmbeddingCache    # the ids (B, T) looked up
+    layers: list                # one LlamaDecoderLayerCache per layer, in forward order
+    norm: RMSNormCache          # of the last layer's output (B, T, C)
+    lm_head: LinearCache        # the head's input (B, T, C) and weight (V, C)
+    present: list               # per layer, the KVCache (k, v) heads (B, G, P + T, d) after
+                                # this call: the next past_kv
 
 
 class Llama(Module):
@@ -243,23 +248,23 @@ class Llama(Module):
         padding; `past_kv` is the cache's `present` of an earlier call (P positions); RoPE
         positions default to P .. P + T - 1, or are given as (T,) or (B, T) integers."""
         self._check_inputs(ids, key_padding_mask, past_kv, positions)
-        x, embed_tokens = self.embed_tokens.forward(ids)                # (B, T, C)
         caches, present = [], []
+        x, embed_tokens = self.embed_tokens.forward(ids)            # (B, T, C)
         for index, layer in enumerate(self.layers):
             x, cache = layer.forward(x, key_padding_mask,
                                      None if past_kv is None else past_kv[index], positions,
-                                     rng)
+                                     rng)                           # (B, T, C)
             caches.append(cache)
             present.append(cache.self_attn.present)
-        x, norm = self.norm.forward(x)                                  # (B, T, C)
-        logits, lm_head = self.lm_head.forward(x)                       # (B, T, V)
+        x, norm = self.norm.forward(x)                              # (B, T, C)
+        logits, lm_head = self.lm_head.forward(x)                   # (B, T, V)
         return logits, LlamaCache(embed_tokens, caches, norm, lm_head, present)
 
     def backward(self, dlogits, cache: LlamaCache):
         """The forward in exact reverse; returns None (integer ids have no gradient)."""
-        dx = self.lm_head.backward(dlogits, cache.lm_head)
-        dx = self.norm.backward(dx, cache.norm)
+        dx = self.lm_head.backward(dlogits, cache.lm_head)          # logits = lm_head(x)
+        dx = self.norm.backward(dx, cache.norm)                     # x = norm(x)
         for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
-            dx = layer.backward(dx, layer_cache)
-        self.embed_tokens.backward(dx, cache.embed_tokens)
+            dx = layer.backward(dx, layer_cache)                    # x = layer(x)
+        self.embed_tokens.backward(dx, cache.embed_tokens)          # x = embed_tokens(ids)
         return None

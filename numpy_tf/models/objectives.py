@@ -37,8 +37,8 @@ def shifted_targets(ids: np.ndarray, key_padding_mask=None, ignore_index: int = 
 
 
 class ModelLossCache(NamedTuple):
-    model: tuple
-    loss: CrossEntropyCache
+    model: tuple                # the model's cache (GPTCache, LlamaCache, BertCache, ...)
+    loss: CrossEntropyCache     # of the logits against the targets
     logits: np.ndarray          # (B, T, V), kept for whoever wants to look at them
 
 
@@ -59,7 +59,9 @@ class _ModelLoss(Module):
         return loss, ModelLossCache(model_cache, loss_cache, logits)
 
     def backward(self, dloss, cache: ModelLossCache):
-        return self.model.backward(cross_entropy_backward(dloss, cache.loss), cache.model)
+        """The forward in exact reverse; returns what the model's backward returns."""
+        dlogits = cross_entropy_backward(dloss, cache.loss)         # loss = CE(logits, targets)
+        return self.model.backward(dlogits, cache.model)            # logits = model(inputs)
 
 
 class NextTokenLoss(_ModelLoss):
@@ -70,7 +72,6 @@ class NextTokenLoss(_ModelLoss):
         logits, model_cache = self.model.forward(ids, key_padding_mask=key_padding_mask,
                                                  **model_kwargs)
         return self._loss(logits, model_cache, shifted_targets(ids, key_padding_mask))
-
 
 
 class TargetLoss(_ModelLoss):

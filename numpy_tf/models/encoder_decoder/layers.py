@@ -1,5 +1,5 @@
 """The two layers of the encoder-decoder Transformer, equal to torch.nn.TransformerEncoderLayer
-and torch.nn.TransformerDecoderLayer (batch_first=True). numpy_tf.transformer stacks them.
+and torch.nn.TransformerDecoderLayer (batch_first=True). transformer.py stacks them.
 
 Shapes: B batch, S source length, T target length, L either, C = d_model, H = nhead,
 F = dim_feedforward.
@@ -19,6 +19,9 @@ output passes its own dropout (dropout1, dropout2, dropout3) before the residual
 attention is TorchMultiheadAttention (in_proj_weight, out_proj), so the parameter names are
 torch's: self_attn.in_proj_weight, multihead_attn.out_proj.bias, linear1.weight, norm3.bias.
 
+Each forward lists both orders in full, one module per line; each backward lists them in exact
+reverse, one named gradient per line; the cache has one field per module, named as it.
+
 Masks have torch's meaning (SPEC §4): bool True = blocked, float added to the scores; attention
 masks (Tq, Tk) or (B * H, Tq, Tk) (one per head), key padding masks (B, Tk) True at padding.
 `is_causal=True` blocks the keys after each query (j > i) on top of the given mask (torch takes
@@ -30,17 +33,17 @@ computed once) and returns both in its cache (`present`, `cross_kv`).
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from ...core import validate
 from ...core.module import Module
 from ...layers.activations import activation as make_activation
-from ...layers.dropout import Dropout
-from ...layers.linear import Linear
-from ...layers.multihead import TorchMultiheadAttention
-from ...layers.norm import LayerNorm
+from ...layers.dropout import Dropout, DropoutCache
+from ...layers.linear import Linear, LinearCache
+from ...layers.multihead import AttentionLayerCache, KVCache, TorchMultiheadAttention
+from ...layers.norm import LayerNorm, LayerNormCache
 
 ACTIVATIONS = ("relu", "gelu")          # torch's strings; "gelu" is the exact (erf) GELU
 
@@ -74,15 +77,10 @@ def check_sequence(name: str, x, d_model: int, dtype, legend: str) -> None:
                         "with the matching dtype=)")
 
 
-class SublayerCache(NamedTuple):
-    norm: tuple         # LayerNormCache of the sub-layer's LayerNorm
-    block: tuple        # the block's caches (attention and dropout, or the FFN's)
-
-
 class _Layer(Module):
-    """What the encoder and decoder layers share: torch's constructor, the FFN and the residual +
-    norm order. A subclass has `sublayers` = 2 (encoder) or 3 (decoder: cross-attention too);
-    the attributes are made in torch's order, so the state_dict keys come in torch's order."""
+    """What the encoder and decoder layers share: torch's constructor. A subclass has
+    `sublayers` = 2 (encoder) or 3 (decoder: cross-attention too); the attributes are made in
+    torch's order, so the state_dict keys come in torch's order."""
 
     sublayers = 2
 
@@ -116,78 +114,18 @@ class _Layer(Module):
         for index in range(1, self.sublayers + 1):
             setattr(self, f"dropout{index}", Dropout(dropout, dtype))
 
-    # -- one sub-layer: the residual and its LayerNorm around a block ------------------------
-    def _sublayer(self, norm: LayerNorm, block: Callable, x):
-        """Post-LN: y = LN(x + f(x)); Pre-LN: y = x + f(LN(x)). `block(h) -> (f, cache)`."""
-        if self.norm_first:
-            h, norm_cache = norm.forward(x)                             # (B, L, C)
-            f, block_cache = block(h)
-            return x + f, SublayerCache(norm_cache, block_cache)
-        f, block_cache = block(x)
-        y, norm_cache = norm.forward(x + f)                             # (B, L, C)
-        return y, SublayerCache(norm_cache, block_cache)
-
-    def _sublayer_backward(self, norm: LayerNorm, block_backward: Callable, dy, cache):
-        """The sub-layer in reverse; `block_backward(df, cache) -> (dh, dother)` (dother: the
-        memory's gradient for cross-attention, else None).
-        Post-LN, y = LN(s) with s = x + f(x): ds = LN'(dy), and x reaches s twice, directly and
-            through f, so dx = ds + f'(ds).
-        Pre-LN, y = x + f(h) with h = LN(x): the residual passes dy straight to x, and the
-            block's path adds dh = f'(dy) through the norm: dx = dy + LN'(dh)."""
-        if self.norm_first:
-            dh, dother = block_backward(dy, cache.block)
-            return dy + norm.backward(dh, cache.norm), dother
-        ds = norm.backward(dy, cache.norm)
-        dh, dother = block_backward(ds, cache.block)
-        return ds + dh, dother
-
-    # -- the blocks ------------------------------------------------------------------------
-    def _attention_block(self, attention: TorchMultiheadAttention, dropout: Dropout, h, memory,
-                         attn_mask, key_padding_mask, is_causal, rng, past_kv=None,
-                         static_kv=None):
-        """Self-attention (memory and static_kv None: h is the query, the key and the value) or
-        cross-attention (keys and values from the memory, or its static_kv), then dropout."""
-        kv = h if memory is None and static_kv is None else memory
-        a, attention_cache = attention.forward(h, kv, kv, key_padding_mask, attn_mask,
-                                               bool(is_causal), rng, past_kv=past_kv,
-                                               static_kv=static_kv)
-        a, dropped = dropout.forward(a, rng)
-        return a, (attention_cache, dropped, kv is h)
-
-    @staticmethod
-    def _attention_block_backward(attention: TorchMultiheadAttention, dropout: Dropout, da,
-                                  cache):
-        """The key and the value are one array, so its gradient is dkey + dvalue; for
-        self-attention that array is also the query: dh = dquery + dkey + dvalue.
-        Returns (dh, dmemory), dmemory None for self-attention (and for static_kv)."""
-        attention_cache, dropped, is_self = cache
-        dquery, dkey, dvalue = attention.backward(dropout.backward(da, dropped),
-                                                  attention_cache)
-        dkv = None if dkey is None else dkey + dvalue
-        return (dquery + dkv, None) if is_self else (dquery, dkv)
-
-    def _feedforward_block(self, h, out_dropout: Dropout, rng):
-        """f = out_dropout(linear2(dropout(activation(linear1(h))))), torch's _ff_block."""
-        z, linear1 = self.linear1.forward(h)                            # (B, L, F)
-        z, activation = self.activation.forward(z)
-        z, dropped = self.dropout.forward(z, rng)
-        f, linear2 = self.linear2.forward(z)                            # (B, L, C)
-        f, dropped_out = out_dropout.forward(f, rng)
-        return f, (linear1, activation, dropped, linear2, dropped_out)
-
-    def _feedforward_block_backward(self, df, cache, out_dropout: Dropout):
-        """Each step's backward in reverse: dropout (the same mask), linear2, the dropout inside,
-        the activation (its derivative at the cached pre-activation), linear1. Returns
-        (dh, None)."""
-        linear1, activation, dropped, linear2, dropped_out = cache
-        dz = self.linear2.backward(out_dropout.backward(df, dropped_out), linear2)
-        dz = self.activation.backward(self.dropout.backward(dz, dropped), activation)
-        return self.linear1.backward(dz, linear1), None
-
 
 class EncoderLayerCache(NamedTuple):
-    self_attention: SublayerCache
-    feedforward: SublayerCache
+    """One field per sub-layer the forward ran, named as its module (torch's names)."""
+    norm1: LayerNormCache               # Pre-LN: of src; Post-LN: of src + a
+    self_attn: AttentionLayerCache      # query, key and value all src (Pre-LN: norm1(src))
+    dropout1: DropoutCache              # of the attention output a
+    norm2: LayerNormCache               # Pre-LN: of u; Post-LN: of u + f
+    linear1: LinearCache                # (B, S, C) -> (B, S, F)
+    activation: tuple                   # ReLUCache or GELUCache of (B, S, F)
+    dropout: DropoutCache               # inside the FFN, of (B, S, F)
+    linear2: LinearCache                # (B, S, F) -> (B, S, C)
+    dropout2: DropoutCache              # of the FFN output f
 
 
 class TransformerEncoderLayer(_Layer):
@@ -197,37 +135,91 @@ class TransformerEncoderLayer(_Layer):
     -> (out, cache); backward(dout, cache) -> dsrc."""
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False, rng=None):
+        """src (B, S, C) -> y (B, S, C), one sub-layer per line:
+            Pre-LN   u = src + dropout1(self_attn(norm1(src)))   y = u + dropout2(ffn(norm2(u)))
+            Post-LN  u = norm1(src + dropout1(self_attn(src)))   y = norm2(u + dropout2(ffn(u)))
+        with ffn(h) = linear2(dropout(activation(linear1(h))))."""
         check_sequence("src", src, self.d_model, self.dtype, "(B, S, C)")
         batch, length = src.shape[:2]
         check_attention_mask("src_mask", src_mask, batch, self.nhead, length, length, src.dtype,
                              ("S", "S"))
         check_padding_mask("src_key_padding_mask", src_key_padding_mask, batch, length,
                            src.dtype, "S")
-        x, attention = self._sublayer(self.norm1, lambda h: self._attention_block(
-            self.self_attn, self.dropout1, h, None, src_mask, src_key_padding_mask, is_causal,
-            rng), src)
-        y, feedforward = self._sublayer(self.norm2, lambda h: self._feedforward_block(
-            h, self.dropout2, rng), x)
-        return y, EncoderLayerCache(attention, feedforward)
+        options = dict(key_padding_mask=src_key_padding_mask, attn_mask=src_mask,
+                       is_causal=bool(is_causal), rng=rng)
+        if self.norm_first:
+            h, norm1 = self.norm1.forward(src)                      # (B, S, C)
+            a, self_attn = self.self_attn.forward(h, h, h, **options)  # (B, S, C)
+            a, dropout1 = self.dropout1.forward(a, rng)
+            u = src + a
+            h, norm2 = self.norm2.forward(u)                        # (B, S, C)
+            z, linear1 = self.linear1.forward(h)                    # (B, S, F)
+            z, activation = self.activation.forward(z)
+            z, dropout = self.dropout.forward(z, rng)
+            f, linear2 = self.linear2.forward(z)                    # (B, S, C)
+            f, dropout2 = self.dropout2.forward(f, rng)
+            y = u + f
+        else:
+            a, self_attn = self.self_attn.forward(src, src, src, **options)  # (B, S, C)
+            a, dropout1 = self.dropout1.forward(a, rng)
+            u, norm1 = self.norm1.forward(src + a)                  # (B, S, C)
+            z, linear1 = self.linear1.forward(u)                    # (B, S, F)
+            z, activation = self.activation.forward(z)
+            z, dropout = self.dropout.forward(z, rng)
+            f, linear2 = self.linear2.forward(z)                    # (B, S, C)
+            f, dropout2 = self.dropout2.forward(f, rng)
+            y, norm2 = self.norm2.forward(u + f)                    # (B, S, C)
+        return y, EncoderLayerCache(norm1, self_attn, dropout1, norm2, linear1, activation,
+                                    dropout, linear2, dropout2)
 
-    def backward(self, dout, cache: EncoderLayerCache):
-        """The two sub-layers in reverse (each derived in _sublayer_backward)."""
-        dx, _ = self._sublayer_backward(
-            self.norm2, lambda d, c: self._feedforward_block_backward(d, c, self.dropout2),
-            dout, cache.feedforward)
-        dsrc, _ = self._sublayer_backward(
-            self.norm1, lambda d, c: self._attention_block_backward(self.self_attn,
-                                                                    self.dropout1, d, c),
-            dx, cache.self_attention)
+    def backward(self, dy, cache: EncoderLayerCache):
+        """The forward in exact reverse, each line commented with the forward line it undoes.
+        A residual sum passes its gradient to both terms, so a value that reached a sum twice
+        (directly and through a branch) gets the sum of the two gradients; Post-LN's ds is the
+        gradient of the sum inside a norm. The self-attention reads its input three times, as
+        the query, the key and the value: that input's gradient is dquery + dkey + dvalue."""
+        if self.norm_first:
+            df = self.dropout2.backward(dy, cache.dropout2)         # f = dropout2(f); y = u + f
+            dz = self.linear2.backward(df, cache.linear2)           # f = linear2(z)
+            dz = self.dropout.backward(dz, cache.dropout)           # z = dropout(z)
+            dz = self.activation.backward(dz, cache.activation)     # z = activation(z)
+            dh = self.linear1.backward(dz, cache.linear1)           # z = linear1(h)
+            du = dy + self.norm2.backward(dh, cache.norm2)          # h = norm2(u)
+            da = self.dropout1.backward(du, cache.dropout1)         # a = dropout1(a); u = src + a
+            dquery, dkey, dvalue = self.self_attn.backward(da, cache.self_attn)
+            dh = dquery + (dkey + dvalue)                           # a = self_attn(h, h, h)
+            dsrc = du + self.norm1.backward(dh, cache.norm1)        # h = norm1(src)
+        else:
+            ds = self.norm2.backward(dy, cache.norm2)               # y = norm2(u + f)
+            df = self.dropout2.backward(ds, cache.dropout2)         # f = dropout2(f)
+            dz = self.linear2.backward(df, cache.linear2)           # f = linear2(z)
+            dz = self.dropout.backward(dz, cache.dropout)           # z = dropout(z)
+            dz = self.activation.backward(dz, cache.activation)     # z = activation(z)
+            du = ds + self.linear1.backward(dz, cache.linear1)      # z = linear1(u)
+            ds = self.norm1.backward(du, cache.norm1)               # u = norm1(src + a)
+            da = self.dropout1.backward(ds, cache.dropout1)         # a = dropout1(a)
+            dquery, dkey, dvalue = self.self_attn.backward(da, cache.self_attn)
+            dsrc = ds + (dquery + (dkey + dvalue))                  # a = self_attn(src, src, src)
         return dsrc
 
 
 class DecoderLayerCache(NamedTuple):
-    self_attention: SublayerCache
-    cross_attention: SublayerCache
-    feedforward: SublayerCache
-    present: tuple      # self-attention (k, v) (B, H, P + T, C/H): pass as past_kv next time
-    cross_kv: tuple     # cross-attention (k, v) of the memory (B, H, S, C/H): static_kv
+    """One field per sub-layer the forward ran, named as its module (torch's names), and the
+    two KV caches the next decoding step passes in."""
+    norm1: LayerNormCache               # Pre-LN: of tgt; Post-LN: of tgt + a
+    self_attn: AttentionLayerCache      # query, key and value all tgt (Pre-LN: norm1(tgt))
+    dropout1: DropoutCache              # of the self-attention output a
+    norm2: LayerNormCache               # Pre-LN: of u; Post-LN: of u + c
+    multihead_attn: AttentionLayerCache     # query u (Pre-LN: norm2(u)), key and value memory
+    dropout2: DropoutCache              # of the cross-attention output c
+    norm3: LayerNormCache               # Pre-LN: of w; Post-LN: of w + f
+    linear1: LinearCache                # (B, T, C) -> (B, T, F)
+    activation: tuple                   # ReLUCache or GELUCache of (B, T, F)
+    dropout: DropoutCache               # inside the FFN, of (B, T, F)
+    linear2: LinearCache                # (B, T, F) -> (B, T, C)
+    dropout3: DropoutCache              # of the FFN output f
+    present: KVCache    # self-attention (k, v) (B, H, P + T, C/H): pass as past_kv next time
+    cross_kv: KVCache   # cross-attention (k, v) of the memory (B, H, S, C/H): static_kv
 
 
 class TransformerDecoderLayer(_Layer):
@@ -270,31 +262,88 @@ class TransformerDecoderLayer(_Layer):
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False,
                 rng=None, *, past_kv=None, static_kv=None):
+        """tgt (B, T, C), memory (B, S, C) -> y (B, T, C), one sub-layer per line:
+            Pre-LN   u = tgt + dropout1(self_attn(norm1(tgt)))
+                     w = u + dropout2(multihead_attn(norm2(u), memory))
+                     y = w + dropout3(ffn(norm3(w)))
+            Post-LN  u = norm1(tgt + dropout1(self_attn(tgt)))
+                     w = norm2(u + dropout2(multihead_attn(u, memory)))
+                     y = norm3(w + dropout3(ffn(w)))
+        with ffn(h) = linear2(dropout(activation(linear1(h)))); the memory is the cross-
+        attention's key and value (with static_kv, memory is None and static_kv holds them)."""
         self.check_inputs(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
                           memory_key_padding_mask, past_kv, static_kv)
-        x, attention = self._sublayer(self.norm1, lambda h: self._attention_block(
-            self.self_attn, self.dropout1, h, None, tgt_mask, tgt_key_padding_mask,
-            tgt_is_causal, rng, past_kv=past_kv), tgt)
-        x, cross = self._sublayer(self.norm2, lambda h: self._attention_block(
-            self.multihead_attn, self.dropout2, h, memory, memory_mask, memory_key_padding_mask,
-            memory_is_causal, rng, static_kv=static_kv), x)
-        y, feedforward = self._sublayer(self.norm3, lambda h: self._feedforward_block(
-            h, self.dropout3, rng), x)
-        return y, DecoderLayerCache(attention, cross, feedforward, attention.block[0].present,
-                                    cross.block[0].present)
+        self_options = dict(key_padding_mask=tgt_key_padding_mask, attn_mask=tgt_mask,
+                            is_causal=bool(tgt_is_causal), rng=rng, past_kv=past_kv)
+        cross_options = dict(key_padding_mask=memory_key_padding_mask, attn_mask=memory_mask,
+                             is_causal=bool(memory_is_causal), rng=rng, static_kv=static_kv)
+        if self.norm_first:
+            h, norm1 = self.norm1.forward(tgt)                      # (B, T, C)
+            a, self_attn = self.self_attn.forward(h, h, h, **self_options)  # (B, T, C)
+            a, dropout1 = self.dropout1.forward(a, rng)
+            u = tgt + a
+            h, norm2 = self.norm2.forward(u)                        # (B, T, C)
+            c, multihead_attn = self.multihead_attn.forward(h, memory, memory, **cross_options)
+            c, dropout2 = self.dropout2.forward(c, rng)             # (B, T, C)
+            w = u + c
+            h, norm3 = self.norm3.forward(w)                        # (B, T, C)
+            z, linear1 = self.linear1.forward(h)                    # (B, T, F)
+            z, activation = self.activation.forward(z)
+            z, dropout = self.dropout.forward(z, rng)
+            f, linear2 = self.linear2.forward(z)                    # (B, T, C)
+            f, dropout3 = self.dropout3.forward(f, rng)
+            y = w + f
+        else:
+            a, self_attn = self.self_attn.forward(tgt, tgt, tgt, **self_options)  # (B, T, C)
+            a, dropout1 = self.dropout1.forward(a, rng)
+            u, norm1 = self.norm1.forward(tgt + a)                  # (B, T, C)
+            c, multihead_attn = self.multihead_attn.forward(u, memory, memory, **cross_options)
+            c, dropout2 = self.dropout2.forward(c, rng)             # (B, T, C)
+            w, norm2 = self.norm2.forward(u + c)                    # (B, T, C)
+            z, linear1 = self.linear1.forward(w)                    # (B, T, F)
+            z, activation = self.activation.forward(z)
+            z, dropout = self.dropout.forward(z, rng)
+            f, linear2 = self.linear2.forward(z)                    # (B, T, C)
+            f, dropout3 = self.dropout3.forward(f, rng)
+            y, norm3 = self.norm3.forward(w + f)                    # (B, T, C)
+        return y, DecoderLayerCache(norm1, self_attn, dropout1, norm2, multihead_attn, dropout2,
+                                    norm3, linear1, activation, dropout, linear2, dropout3,
+                                    self_attn.present, multihead_attn.present)
 
-    def backward(self, dout, cache: DecoderLayerCache):
-        """The three sub-layers in reverse (each derived in _sublayer_backward); the memory's
-        gradient comes from the cross-attention alone."""
-        dx, _ = self._sublayer_backward(
-            self.norm3, lambda d, c: self._feedforward_block_backward(d, c, self.dropout3),
-            dout, cache.feedforward)
-        dx, dmemory = self._sublayer_backward(
-            self.norm2, lambda d, c: self._attention_block_backward(self.multihead_attn,
-                                                                    self.dropout2, d, c),
-            dx, cache.cross_attention)
-        dtgt, _ = self._sublayer_backward(
-            self.norm1, lambda d, c: self._attention_block_backward(self.self_attn,
-                                                                    self.dropout1, d, c),
-            dx, cache.self_attention)
+    def backward(self, dy, cache: DecoderLayerCache):
+        """The forward in exact reverse, each line commented with the forward line it undoes
+        (the residual sums as in TransformerEncoderLayer.backward). The memory is the cross-
+        attention's key and value, so its gradient is dkey + dvalue (None with static_kv:
+        those keys and values were computed by an earlier call)."""
+        if self.norm_first:
+            df = self.dropout3.backward(dy, cache.dropout3)         # f = dropout3(f); y = w + f
+            dz = self.linear2.backward(df, cache.linear2)           # f = linear2(z)
+            dz = self.dropout.backward(dz, cache.dropout)           # z = dropout(z)
+            dz = self.activation.backward(dz, cache.activation)     # z = activation(z)
+            dh = self.linear1.backward(dz, cache.linear1)           # z = linear1(h)
+            dw = dy + self.norm3.backward(dh, cache.norm3)          # h = norm3(w)
+            dc = self.dropout2.backward(dw, cache.dropout2)         # c = dropout2(c); w = u + c
+            dh, dkey, dvalue = self.multihead_attn.backward(dc, cache.multihead_attn)
+            dmemory = None if dkey is None else dkey + dvalue       # c = multihead_attn(h, memory)
+            du = dw + self.norm2.backward(dh, cache.norm2)          # h = norm2(u)
+            da = self.dropout1.backward(du, cache.dropout1)         # a = dropout1(a); u = tgt + a
+            dquery, dkey, dvalue = self.self_attn.backward(da, cache.self_attn)
+            dh = dquery + (dkey + dvalue)                           # a = self_attn(h, h, h)
+            dtgt = du + self.norm1.backward(dh, cache.norm1)        # h = norm1(tgt)
+        else:
+            ds = self.norm3.backward(dy, cache.norm3)               # y = norm3(w + f)
+            df = self.dropout3.backward(ds, cache.dropout3)         # f = dropout3(f)
+            dz = self.linear2.backward(df, cache.linear2)           # f = linear2(z)
+            dz = self.dropout.backward(dz, cache.dropout)           # z = dropout(z)
+            dz = self.activation.backward(dz, cache.activation)     # z = activation(z)
+            dw = ds + self.linear1.backward(dz, cache.linear1)      # z = linear1(w)
+            ds = self.norm2.backward(dw, cache.norm2)               # w = norm2(u + c)
+            dc = self.dropout2.backward(ds, cache.dropout2)         # c = dropout2(c)
+            dquery, dkey, dvalue = self.multihead_attn.backward(dc, cache.multihead_attn)
+            dmemory = None if dkey is None else dkey + dvalue       # c = multihead_attn(u, memory)
+            du = ds + dquery
+            ds = self.norm1.backward(du, cache.norm1)               # u = norm1(tgt + a)
+            da = self.dropout1.backward(ds, cache.dropout1)         # a = dropout1(a)
+            dquery, dkey, dvalue = self.self_attn.backward(da, cache.self_attn)
+            dtgt = ds + (dquery + (dkey + dvalue))                  # a = self_attn(tgt, tgt, tgt)
         return dtgt, dmemory

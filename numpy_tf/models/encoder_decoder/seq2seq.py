@@ -1,5 +1,5 @@
-"""A sequence-to-sequence model: the encoder-decoder Transformer with token embeddings, sinusoidal
-positions and an output head, as the seed material draws it.
+"""A sequence-to-sequence model: the encoder-decoder Transformer of "Attention Is All You Need"
+with a token embedding for each side, sinusoidal positions and an output head (none tied).
 
     src_ids (B, S) -> src_embedding (B, S, C) [* sqrt(C)] + PE -> encoder -> memory (B, S, C)
     tgt_ids (B, T) -> tgt_embedding (B, T, C) [* sqrt(C)] + PE -> decoder(., memory) (B, T, C)
@@ -12,8 +12,8 @@ source padding mask is also the memory's, so no position attends to source paddi
 loss).
 
 `scale_embeddings`: "Attention Is All You Need" (section 3.4) multiplies the embeddings by
-sqrt(d_model) before adding the positions; the seed material's code does not. The default is
-False, the seed material's; True gives the paper's.
+sqrt(d_model) before adding the positions. The default, False, adds the positions to the
+unscaled embeddings; True gives the paper's.
 
 Parameter names: src_embedding.weight, tgt_embedding.weight, transformer.* (torch.nn.Transformer's
 keys), output.weight, output.bias. Generation: `encode` once, then `decode` step by step with
@@ -30,8 +30,8 @@ import numpy as np
 
 from ...core import validate
 from ...core.module import Module
-from ...layers.embedding import Embedding
-from ...layers.linear import Linear
+from ...layers.embedding import Embedding, EmbeddingCache
+from ...layers.linear import Linear, LinearCache
 from ...layers.positions import SinusoidalPositions
 from ...text.datasets import DIGIT_VOCAB_SIZE
 from .transformer import DecoderCache, StackCache, Transformer
@@ -65,26 +65,26 @@ class Seq2SeqConfig:
 
 
 class EmbedCache(NamedTuple):
-    tokens: tuple           # EmbeddingCache
+    tokens: EmbeddingCache  # the ids (B, L) looked up
     positions: None         # the sinusoidal table is a constant
 
 
 class EncodeCache(NamedTuple):
-    embedding: EmbedCache
-    encoder: StackCache
+    embedding: EmbedCache   # src_ids -> x (B, S, C)
+    encoder: StackCache     # x -> memory (B, S, C)
 
 
 class DecodeCache(NamedTuple):
-    embedding: EmbedCache
-    decoder: DecoderCache
-    output: tuple
-    present: list           # per decoder layer, the self-attention (k, v): the next past_kv
-    cross_kv: list          # per decoder layer, the memory's (k, v): the next static_kv
+    embedding: EmbedCache   # tgt_ids -> y (B, T, C)
+    decoder: DecoderCache   # y, memory -> h (B, T, C)
+    output: LinearCache     # h -> logits (B, T, V)
+    present: list           # per decoder layer, the self-attention KVCache: the next past_kv
+    cross_kv: list          # per decoder layer, the memory's KVCache: the next static_kv
 
 
 class Seq2SeqCache(NamedTuple):
-    encode: EncodeCache
-    decode: DecodeCache
+    encode: EncodeCache     # src_ids -> memory
+    decode: DecodeCache     # tgt_ids, memory -> logits
 
 
 class Seq2Seq(Module):
@@ -104,28 +104,32 @@ class Seq2Seq(Module):
         self.scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
 
     def _embed(self, embedding: Embedding, ids, offset: int = 0):
-        x, tokens = embedding.forward(ids)                              # (B, L, C)
+        """x = scale E[ids] + PE[offset ..]: ids (B, L) -> x (B, L, C), for either side."""
+        x, tokens = embedding.forward(ids)                          # (B, L, C)
         if self.scale != 1.0:
             x = x * self.scale
-        x, positions = self.positions.forward(x, offset)
+        x, positions = self.positions.forward(x, offset)            # (B, L, C)
         return x, EmbedCache(tokens, positions)
 
     def _embed_backward(self, embedding: Embedding, dx, cache: EmbedCache) -> None:
-        """x = scale E[ids] + PE: the table's rows get scale dx (PE is a constant)."""
-        dx = self.positions.backward(dx, cache.positions)
-        embedding.backward(dx * self.scale if self.scale != 1.0 else dx, cache.tokens)
+        """The table's rows get scale dx (PE is a constant)."""
+        dx = self.positions.backward(dx, cache.positions)           # x = x + PE[offset ..]
+        if self.scale != 1.0:
+            dx = dx * self.scale                                    # x = x * scale
+        embedding.backward(dx, cache.tokens)                        # x = E[ids]
 
     def encode(self, src_ids, src_key_padding_mask=None, rng=None):
         """src_ids (B, S) -> (memory (B, S, C), EncodeCache)."""
         validate.integer_array("src_ids", src_ids, ndim=2, shape="(B, S)")
-        x, embedding = self._embed(self.src_embedding, src_ids)
+        x, embedding = self._embed(self.src_embedding, src_ids)     # (B, S, C)
         memory, encoder = self.transformer.encoder.forward(x, None, src_key_padding_mask,
-                                                           None, rng)
+                                                           None, rng)  # (B, S, C)
         return memory, EncodeCache(embedding, encoder)
 
     def encode_backward(self, dmemory, cache: EncodeCache) -> None:
-        dx = self.transformer.encoder.backward(dmemory, cache.encoder)
-        self._embed_backward(self.src_embedding, dx, cache.embedding)
+        """The encoder side in exact reverse; returns None (integer ids have no gradient)."""
+        dx = self.transformer.encoder.backward(dmemory, cache.encoder)  # memory = encoder(x)
+        self._embed_backward(self.src_embedding, dx, cache.embedding)  # x = embed(src_ids)
 
     def decode(self, tgt_ids, memory, src_key_padding_mask=None, tgt_key_padding_mask=None,
                rng=None, *, past_kv=None, static_kv=None):
@@ -134,19 +138,19 @@ class Seq2Seq(Module):
         the P + T positions."""
         validate.integer_array("tgt_ids", tgt_ids, ndim=2, shape="(B, T)")
         offset = 0 if past_kv is None else past_kv[0][0].shape[2]
-        y, embedding = self._embed(self.tgt_embedding, tgt_ids, offset)
+        y, embedding = self._embed(self.tgt_embedding, tgt_ids, offset)  # (B, T, C)
         h, decoder = self.transformer.decoder.forward(
             y, memory, None, None, tgt_key_padding_mask, src_key_padding_mask,
-            tgt_is_causal=True, rng=rng, past_kv=past_kv, static_kv=static_kv)
-        logits, output = self.output.forward(h)                         # (B, T, V)
+            tgt_is_causal=True, rng=rng, past_kv=past_kv, static_kv=static_kv)  # (B, T, C)
+        logits, output = self.output.forward(h)                     # (B, T, V)
         return logits, DecodeCache(embedding, decoder, output, decoder.present,
                                    decoder.cross_kv)
 
     def decode_backward(self, dlogits, cache: DecodeCache):
         """Returns dmemory (None when static_kv stood for the memory)."""
-        dh = self.output.backward(dlogits, cache.output)
-        dy, dmemory = self.transformer.decoder.backward(dh, cache.decoder)
-        self._embed_backward(self.tgt_embedding, dy, cache.embedding)
+        dh = self.output.backward(dlogits, cache.output)            # logits = output(h)
+        dy, dmemory = self.transformer.decoder.backward(dh, cache.decoder)  # h = decoder(y, memory)
+        self._embed_backward(self.tgt_embedding, dy, cache.embedding)  # y = embed(tgt_ids)
         return dmemory
 
     def forward(self, src_ids, tgt_ids, src_key_padding_mask=None, tgt_key_padding_mask=None,
@@ -162,14 +166,14 @@ class Seq2Seq(Module):
                             {"(B, S)": src_ids.shape}, self.dtype, "padding")
         validate.mask_array("tgt_key_padding_mask", tgt_key_padding_mask,
                             {"(B, T)": tgt_ids.shape}, self.dtype, "padding")
-        memory, encode = self.encode(src_ids, src_key_padding_mask, rng)
+        memory, encode = self.encode(src_ids, src_key_padding_mask, rng)  # (B, S, C)
         logits, decode = self.decode(tgt_ids, memory, src_key_padding_mask,
-                                     tgt_key_padding_mask, rng)
+                                     tgt_key_padding_mask, rng)     # (B, T, V)
         return logits, Seq2SeqCache(encode, decode)
 
     def backward(self, dlogits, cache: Seq2SeqCache):
         """The forward in exact reverse: the decoder side, then the encoder with the memory's
         gradient. Returns None (integer ids have no gradient)."""
-        dmemory = self.decode_backward(dlogits, cache.decode)
-        self.encode_backward(dmemory, cache.encode)
+        dmemory = self.decode_backward(dlogits, cache.decode)       # logits = decode(tgt, memory)
+        self.encode_backward(dmemory, cache.encode)                 # memory = encode(src_ids)
         return None

@@ -6,7 +6,7 @@ Shapes: B batch, S source length, T target length, C = d_model, H = nhead.
     out    = decoder.norm(decoder layers(tgt, memory))      (B, T, C)
 
 The layers (Post-LN or Pre-LN, their sub-layers and KV caches) are in
-numpy_tf.transformer_layers. Each stack ends with a final LayerNorm (`encoder.norm`,
+numpy_tf.models.encoder_decoder.layers. Each stack ends with a final LayerNorm (`encoder.norm`,
 `decoder.norm`), which nn.Transformer always adds, Pre-LN or Post-LN.
 
 Masks have torch's meaning (SPEC §4): bool True = blocked, float added to the scores.
@@ -39,7 +39,7 @@ import numpy as np
 
 from ...core import validate
 from ...core.module import Module, ModuleList
-from ...layers.norm import LayerNorm
+from ...layers.norm import LayerNorm, LayerNormCache
 from .layers import (TransformerDecoderLayer, TransformerEncoderLayer, check_attention_mask,
                      check_padding_mask, check_sequence)
 
@@ -48,8 +48,8 @@ __all__ = ["Transformer", "TransformerEncoder", "TransformerDecoder",
 
 
 class StackCache(NamedTuple):
-    layers: list        # one cache per layer
-    norm: tuple | None  # the final LayerNorm's cache
+    layers: list                    # one EncoderLayerCache per layer, in forward order
+    norm: LayerNormCache | None     # the final LayerNorm's (None: the stack has none)
 
 
 class _Stack(Module):
@@ -70,28 +70,31 @@ class TransformerEncoder(_Stack):
     -> (memory, cache); backward(dmemory, cache) -> dsrc."""
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None, rng=None):
-        caches = []
+        """src (B, S, C) -> memory (B, S, C)."""
+        caches, norm = [], None
         x = src
         for layer in self.layers:
-            x, cache = layer.forward(x, mask, src_key_padding_mask, is_causal, rng)
+            x, cache = layer.forward(x, mask, src_key_padding_mask, is_causal, rng)  # (B, S, C)
             caches.append(cache)
-        norm = None
         if self.norm is not None:
-            x, norm = self.norm.forward(x)
+            x, norm = self.norm.forward(x)                          # (B, S, C)
         return x, StackCache(caches, norm)
 
     def backward(self, dout, cache: StackCache):
-        dx = dout if self.norm is None else self.norm.backward(dout, cache.norm)
+        """The forward in exact reverse; returns dsrc (B, S, C)."""
+        dx = dout
+        if self.norm is not None:
+            dx = self.norm.backward(dx, cache.norm)                 # x = norm(x)
         for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
-            dx = layer.backward(dx, layer_cache)
+            dx = layer.backward(dx, layer_cache)                    # x = layer(x)
         return dx
 
 
 class DecoderCache(NamedTuple):
-    layers: list
-    norm: tuple | None
-    present: list       # per layer, the self-attention (k, v): past_kv of the next call
-    cross_kv: list      # per layer, the memory's (k, v): static_kv of the next call
+    layers: list                    # one DecoderLayerCache per layer, in forward order
+    norm: LayerNormCache | None     # the final LayerNorm's (None: the stack has none)
+    present: list       # per layer, the self-attention KVCache (k, v): past_kv of the next call
+    cross_kv: list      # per layer, the memory's KVCache (k, v): static_kv of the next call
 
 
 class TransformerDecoder(_Stack):
@@ -108,35 +111,37 @@ class TransformerDecoder(_Stack):
             if per_layer is not None and len(per_layer) != len(self.layers):
                 raise ValueError(f"{name} must hold one (k, v) per layer ({len(self.layers)}); "
                                  f"got {len(per_layer)}")
-        caches = []
+        caches, norm = [], None
         x = tgt
         for index, layer in enumerate(self.layers):
             x, cache = layer.forward(
                 x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
                 tgt_is_causal, memory_is_causal, rng,
                 past_kv=None if past_kv is None else past_kv[index],
-                static_kv=None if static_kv is None else static_kv[index])
+                static_kv=None if static_kv is None else static_kv[index])  # (B, T, C)
             caches.append(cache)
-        norm = None
         if self.norm is not None:
-            x, norm = self.norm.forward(x)
+            x, norm = self.norm.forward(x)                          # (B, T, C)
         return x, DecoderCache(caches, norm, [c.present for c in caches],
                                [c.cross_kv for c in caches])
 
     def backward(self, dout, cache: DecoderCache):
-        """Every layer reads the same memory, so its gradient is the sum over the layers."""
-        dx = dout if self.norm is None else self.norm.backward(dout, cache.norm)
+        """The forward in exact reverse; returns (dtgt, dmemory). Every layer reads the same
+        memory, so its gradient is the sum over the layers (None when static_kv stood for it)."""
         dmemory = None
+        dx = dout
+        if self.norm is not None:
+            dx = self.norm.backward(dx, cache.norm)                 # x = norm(x)
         for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
-            dx, dlayer_memory = layer.backward(dx, layer_cache)
+            dx, dlayer_memory = layer.backward(dx, layer_cache)     # x = layer(x, memory)
             if dlayer_memory is not None:
                 dmemory = dlayer_memory if dmemory is None else dmemory + dlayer_memory
         return dx, dmemory
 
 
 class TransformerCache(NamedTuple):
-    encoder: StackCache
-    decoder: DecoderCache
+    encoder: StackCache         # src -> memory (B, S, C)
+    decoder: DecoderCache       # tgt, memory -> out (B, T, C)
 
 
 class Transformer(Module):
@@ -197,6 +202,6 @@ class Transformer(Module):
     def backward(self, dout, cache: TransformerCache):
         """The decoder in reverse gives dtgt and the memory's gradient (summed over the decoder
         layers); the encoder in reverse turns the latter into dsrc."""
-        dtgt, dmemory = self.decoder.backward(dout, cache.decoder)
-        dsrc = self.encoder.backward(dmemory, cache.encoder)
+        dtgt, dmemory = self.decoder.backward(dout, cache.decoder)  # out = decoder(tgt, memory)
+        dsrc = self.encoder.backward(dmemory, cache.encoder)        # memory = encoder(src)
         return dsrc, dtgt
