@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from .. import __version__
+from ..core.table import format_table
 
 
 def _format_error(value: float) -> str:
@@ -51,8 +52,7 @@ def check(args) -> int:
         print(json.dumps({"passed": passed, "seconds": elapsed, "fixtures": str(directory),
                           "cases": [result.to_dict() for result in results]}, indent=1))
         return 0 if passed else 1
-    header = ("case", "dtype", "forward err", "backward err", "finite-diff err", "verdict")
-    rows = [header]
+    rows = []
     for result in results:
         report = result.gradcheck
         fd = "-" if report is None else \
@@ -69,12 +69,11 @@ def check(args) -> int:
                      _format_error(result.max_error(("output", "loss", "act"))),
                      _format_error(result.max_error(("grad", "grad_input", "grad_act"))),
                      fd, verdict))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     print(f"numpy_tf check: {len(results)} torch cases from {directory}")
     print("errors: max |numpy_tf - torch| over outputs (forward) and gradients (backward); "
           "finite-diff: max ||a - n|| / ||n|| of numpy_tf's backward against its own forward")
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    print(format_table(("case", "dtype", "forward err", "backward err", "finite-diff err",
+                        "verdict"), rows))
     failures = sum(not result.passed for result in results)
     print(f"{len(results) - failures} passed, {failures} failed in {elapsed:.1f} s")
     return 0 if passed else 1

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from ..core import validate
 from ..core.module import Module
+from ..core.table import format_table
 from .gpt import GPTConfig
 
 
@@ -121,15 +122,12 @@ class Accounting:
     def __str__(self) -> str:
         head = "output head tied to the token embedding (counted once)" if self.tied else \
             "untied output head" if self.has_head else "no output head"
-        table = [("component", "formula", "each", "copies", "total")] + [
-            (r.name, r.formula, f"{r.count:,}", str(r.copies), f"{r.total:,}") for r in self.rows]
-        table.append(("total", "", "", "", f"{self.total:,}"))
-        widths = [max(len(line[i]) for line in table) for i in range(5)]
+        table = [(r.name, r.formula, f"{r.count:,}", str(r.copies), f"{r.total:,}")
+                 for r in self.rows] + [("total", "", "", "", f"{self.total:,}")]
         lines = [f"{self.model} ({self.family}): d = {self.width}, L = {self.layers}, "
-                 f"V = {self.vocab_size}, {head}"]
-        for line in table:
-            lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
-                                   for i, (cell, w) in enumerate(zip(line, widths))))
+                 f"V = {self.vocab_size}, {head}",
+                 format_table(("component", "formula", "each", "copies", "total"), table,
+                              align="llrrr")]
         lines.append(f"one block: {self.block:,} exact; 12·d² = {self.block_estimate:,} "
                      f"(off by {relative_difference(self.block_estimate, self.block):+.2%})")
         lines.append(f"whole model: {self.total:,} exact; L·12·d² + V·d = "
