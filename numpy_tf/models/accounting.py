@@ -224,14 +224,13 @@ def gpt2_hf_config(config: GPTConfig) -> dict:
         raise ValueError(f"GPTConfig with {', '.join(wrong) or config.activation} is not in "
                          "GPT-2's layout (biases everywhere, Pre-LN), so it has no gpt2 "
                          "config.json")
-    hf = {"model_type": "gpt2", "vocab_size": config.vocab_size,
-          "n_positions": config.max_context, "n_embd": config.width, "n_layer": config.layers,
-          "n_head": config.heads, "activation_function": _GPT2_ACTIVATION_NAMES[config.activation],
-          "layer_norm_epsilon": config.norm_eps, "tie_word_embeddings": config.tied,
-          "initializer_range": config.init_std}
-    if config.hidden is not None:
-        hf["n_inner"] = config.hidden
-    return hf
+    return {"model_type": "gpt2", "vocab_size": config.vocab_size,
+            "n_positions": config.max_context, "n_embd": config.width,
+            "n_layer": config.layers, "n_head": config.heads,
+            "n_inner": config.hidden or 4 * config.width,
+            "activation_function": _GPT2_ACTIVATION_NAMES[config.activation],
+            "layer_norm_epsilon": config.norm_eps, "tie_word_embeddings": config.tied,
+            "initializer_range": config.init_std}
 
 
 # -- Llama: one formula, under numpy_tf's names or HF's (the same but for `model.`) -----------

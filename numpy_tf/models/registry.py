@@ -196,12 +196,15 @@ def family_of_config(config) -> Family | None:
 # -- the one config reader --------------------------------------------------------------------
 def read_config(source, argument: str = "config", offered: str | None = None) -> Preset | dict:
     """What a config argument names: a Preset for a preset name (or alias), else the JSON object
-    held by a file, by a folder's config.json, or by the text itself (inline JSON, starting
-    with "{"). A dict is returned as a copy. Such a dict is numpy_tf config fields (with an
-    optional "family" key, default gpt) or a Hugging Face config.json (with "model_type").
+    held by a file, by a folder's config.json, or by the text itself (inline JSON: text
+    starting with "{", or "[" to be told it is not an object). A given dict comes back as a
+    copy. The dict is numpy_tf config fields (with an optional "family" key, default gpt) or a
+    Hugging Face config.json (with "model_type").
 
-    Every error names `argument` and what was given; `offered` (e.g. "of tiny-gpt (tiny)")
-    says which presets the command takes in the message for an unknown name."""
+    A file or a folder holding config.json wins over a preset of the same name; a folder
+    without one does not (`numpy-tf train --out tiny-gpt` makes such a folder). Every error
+    names `argument` and what was given; `offered` (e.g. "numpy-tf train trains (...)") says
+    which presets the command takes, in the message for an unknown name."""
     if isinstance(source, Preset):
         return source
     if isinstance(source, Mapping):
@@ -210,7 +213,7 @@ def read_config(source, argument: str = "config", offered: str | None = None) ->
         raise TypeError(f"{argument} must be a preset name, a path or a dict; got "
                         f"{type(source).__name__}")
     text = str(source)
-    if text.lstrip().startswith("{"):
+    if text.lstrip()[:1] in ("{", "["):
         return _json_object(text, lambda error: f"{argument} {text}: not valid JSON ({error})",
                             f"{argument} {text}")
     path = Path(text)
