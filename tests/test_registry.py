@@ -185,6 +185,11 @@ def test_export_command_writes_a_case_for_every_small_preset_and_family(name, tm
     assert f"wrote {out}: {name}" in capsys.readouterr().out
 
 
+def test_export_refuses_a_model_too_large_before_building_it(capsys):
+    assert main(["export", "--model", "llama-2-7b", "-o", "never.npz"]) == 2
+    assert "a case of 6,738,415,616 parameters would hold them" in capsys.readouterr().err
+
+
 def test_export_help_lists_every_family_and_preset(capsys):
     with pytest.raises(SystemExit):
         main(["export", "--help"])

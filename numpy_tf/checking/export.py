@@ -290,6 +290,11 @@ FIRST_NAMES = ("tiny-gpt", "gpt2", "llama", "transformer", "bert")
 FIRST_PRESETS = {"tiny-gpt": ("tiny",), "gpt2": ("gpt2-tiny", "gpt2-124m")}
 
 
+# the largest model export builds: every parameter is held four times (weights, gradients and
+# the copies written into the case), 32 GB in float64 at this size
+MAX_PARAMETERS = 1_000_000_000
+
+
 def model_names() -> str:
     """What `export --model` takes, for messages and --help."""
     presets = [preset.name for name in EXPORTS for preset in registry.presets_of(name)]
@@ -370,6 +375,10 @@ def export_case(model: str, config: str | dict | None = None, overrides: dict | 
     family, config = model_config(model, config, overrides)
     entry = EXPORTS[family.name]
     dtype = float_dtype(dtype)
+    if family.count is not None and family.count(config).total > MAX_PARAMETERS:
+        raise ValueError(f"{model}: a case of {family.count(config).total:,} parameters would "
+                         f"hold them, their gradients and a copy of each ({MAX_PARAMETERS:,} "
+                         "parameters at most); export a smaller config")
     network = family.model_class(config, dtype=dtype)
     g = np.random.default_rng(seed)
     std = 1.2 / math.sqrt(entry.width(network)) if init_std is None else float(init_std)

@@ -13,30 +13,36 @@ families and presets up here, by one set of names:
     seq2seq   Seq2SeqConfig  Seq2Seq      -                        seq2seq-tiny, seq2seq-digits
     cbow      -              CBOW         -                        -
 
-    family("llama").model_class(preset("llama-tiny").config)     # a model from a name
-    read_config("gpt2")              # a preset, or the dict a JSON file / folder / text holds
+    preset = find_preset("llama-tiny")                 # or PRESETS["llama-tiny"]
+    model = family("llama-tiny").model_class(preset.config)   # a model from a name
     resolve("smollm2-135m")          # (Family, Preset or None) for a family or preset name
+    read_config("gpt2")              # a preset, or the dict a JSON file / folder / text holds
 
 A name is unique across families, presets and their aliases (the names earlier versions used,
 still accepted: tiny, gpt2-124m, smollm2, digits, transformer), so any command can take any of
-them. A preset marked `hf` is a published Hugging Face model: `numpy-tf params` counts it under
-that checkpoint's parameter names.
+them. A family's presets are listed with the published models first. A preset marked `hf` is
+a published Hugging Face model: `numpy-tf params` counts it under that checkpoint's parameter
+names (through the family's hf_config and count_hf).
 
 Adding a family (Qwen2, say) is one entry here plus the tables of the tools that need code of
 their own for it, each keyed by the family's name:
 
-    1. register_family(Family("qwen2", "Qwen2 decoder", Qwen2, Qwen2Config, NextTokenLoss,
-                              hf_model_types=("qwen2",), count=count_qwen2,
-                              count_hf=count_qwen2_hf, hf_config=qwen2_hf_config))
-       with its parameter-count formula in accounting.py (one function the config's own
-       num_parameters may call), and register_preset(Preset("qwen2.5-0.5b", "qwen2", ...)) for
-       each known size;
+    1. here, at the end of this file: register_family(Family("qwen2", "Qwen2 decoder", Qwen2,
+       Qwen2Config, NextTokenLoss, hf_model_types=("qwen2",), count=count_qwen2,
+       count_hf=count_qwen2_hf, hf_config=qwen2_hf_config)), its parameter-count formula
+       written once in accounting.py (the config's num_parameters, if it has one, returns its
+       total), and register_preset(Preset("qwen2.5-0.5b", "qwen2", Qwen2Config(...), "...",
+       hf=True)) for each known size;
     2. interop/hf.py HF_FAMILIES["qwen2"]: its config reader and its weight layout table;
     3. checking/export.py EXPORTS["qwen2"]: how its case inputs are drawn, the conventions
-       written into the case;
+       written into the case, the preset a bare family name exports;
     4. checking/fixtures.py MODEL_INPUTS["qwen2"] (how a case's inputs reach the objective), and
-       reference/ fixtures of kind hf_qwen2 (the kind maps to the family by its model_type).
+       reference/ fixtures of kind hf_qwen2 (the kind maps to the family by its model_type);
+    5. only if a command does more with it: cli/commands.py TRAIN_TASKS (numpy-tf train) and
+       interop/pretrained.py PRETRAINED (released weights for sample and generate).
 
+A family without a count (seq2seq, cbow today) is refused by `numpy-tf params` by name; giving
+it count (and count_hf for a Hugging Face family) is all counting it takes.
 tests/test_registry.py fails while a registered family lacks an entry a tool needs, and checks
 that every command takes every preset name. Models import nothing above them, so this module
 knows no tool: the tools import it.
