@@ -146,8 +146,9 @@ def run_cbow_case(case: Case) -> dict[str, np.ndarray]:
 
 
 # kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's
-# steps, a whole model's loss): run(case) -> {key: array} for the keys the case holds, and
-# gradcheck(case) -> GradcheckReport, or None when finite differences do not apply.
+# steps, CBOW's loss; the whole models of the registry's families run through run_model_case,
+# below): run(case) -> {key: array} for the keys the case holds, and gradcheck(case) ->
+# GradcheckReport, or None when finite differences do not apply.
 RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckReport | None]]] = {
     "optimizer": (run_optimizer_case, lambda case: None),
     "clip_grad_norm": (run_clip_case, lambda case: None),
