@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.npz import from_json_array, load_npz
+from ..core.table import format_table
 from ..core.tolerances import Tolerance, torch_tolerance
 from .case_file import Case
 from .fixtures import TensorComparison, compare_arrays
@@ -94,7 +95,7 @@ class Comparison:
         lines = [f"numpy-tf compare: {self.reference} (reference) vs {self.theirs}",
                  f"{len(self.rows)} shared tensors, {self.dtype} {self.level} tolerance: pass "
                  f"if |theirs - ref| <= {t.rtol:g} |ref| + {t.atol:g} max(1, S)"]
-        table = [("tensor", "shape", "max abs err", "max rel err", "worst index", "verdict")]
+        table = []
         for row in self.rows:
             c = row.comparison
             shape = str(row.reference_shape) if row.reference_shape == row.their_shape else \
@@ -102,9 +103,8 @@ class Comparison:
             table.append((c.key, shape, f"{c.max_abs_error:.1e}", f"{c.max_rel_error:.1e}",
                           "-" if c.worst_index is None else str(c.worst_index),
                           "ok" if c.passed else "DIVERGES"))
-        widths = [max(len(line[i]) for line in table) for i in range(5)]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1]
-                  for line in table]
+        lines.append(format_table(("tensor", "shape", "max abs err", "max rel err",
+                                   "worst index", "verdict"), table))
         for label, keys in (("only in the reference", self.only_reference),
                             ("only in theirs", self.only_theirs)):
             if keys:

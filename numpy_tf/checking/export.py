@@ -28,8 +28,11 @@ dtype. Weights and inputs are drawn from numpy.random.default_rng(seed): weights
 named_parameters order, N(0, s^2) with s = init_std (default 1.2 / sqrt(width), so attention
 is far from uniform and the case has teeth), norm weights 1 + N(0, 0.2^2); then the ids.
 
-Models are one table, EXPORTS (tiny-gpt, gpt2, llama, transformer, bert): adding a model kind is
-one ModelExport entry.
+A model is named as everywhere in numpy_tf (numpy_tf.models.registry): a family (gpt, llama,
+bert, seq2seq) or a preset (tiny-gpt, gpt2-tiny, llama-tiny, smollm2-135m, bert-tiny, ...);
+export's five first names (tiny-gpt, gpt2, llama, transformer, bert) keep their meaning. What a
+family's cases need beyond its registry entry (the inputs, the conventions) is its EXPORTS
+entry, keyed by the family's name.
 """
 from __future__ import annotations
 
@@ -40,11 +43,13 @@ from typing import Callable
 import numpy as np
 
 from ..core.module import Module, float_dtype, record_activations
-from ..models.bert import Bert, BertConfig
-from ..models.encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
-from ..models.gpt import GPT, GPTConfig
-from ..models.llama import Llama, LlamaConfig
-from ..models.objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss
+from ..interop.hf import config_from_hf
+from ..models import registry
+from ..models.bert import Bert
+from ..models.encoder_decoder.seq2seq import Seq2Seq
+from ..models.gpt import GPT
+from ..models.llama import Llama
+from ..models.objectives import MaskedLMLoss
 from ..text.datasets import mask_tokens, reverse_digits
 from .case_file import Case
 
@@ -75,14 +80,13 @@ LINEAR_LAYOUT = "(out_features, in_features), y = x W^T + b"
 
 @dataclass(frozen=True)
 class ModelExport:
-    """How to export one model kind."""
-    presets: dict[str, dict]                        # preset name -> config fields
-    build: Callable[[dict, np.dtype], Module]       # (config fields, dtype) -> model
-    objective: Callable[[Module], Module]           # model -> objective: forward(**inputs)
+    """What exporting one registered family takes beyond its registry entry."""
+    default: str                                    # the preset the bare family name exports
     inputs: Callable[[Module, np.random.Generator, int, int | None, int], dict]
     conventions: Callable[[Module], dict]
     loss: dict                                      # meta["loss"]; "name" picks the torch loss
     width: Callable[[Module], int]                  # for the default weight spread
+    objective: Callable[[Module], Module] | None = None   # None: the family's objective
 
 
 def _lm_inputs(model: Module, g: np.random.Generator, batch: int, length: int | None,
@@ -263,57 +267,93 @@ def _bert_conventions(model: Bert) -> dict:
     }
 
 
-_GPT = dict(build=None, objective=NextTokenLoss, inputs=_lm_inputs,
-            conventions=_gpt_conventions, loss=NEXT_TOKEN_LOSS,
-            width=lambda model: model.config.width)
-
+# registry family name -> how its cases are made (in the order `export --help` lists them)
 EXPORTS: dict[str, ModelExport] = {
-    "tiny-gpt": ModelExport(**{**_GPT, "presets": {"tiny": {}},
-                               "build": lambda fields, dtype: GPT(GPTConfig.tiny(**fields),
-                                                                  dtype=dtype)}),
-    "gpt2": ModelExport(**{**_GPT, "presets": {
-        "gpt2-tiny": dict(vocab_size=24, max_context=10, width=16, heads=4, layers=2),
-        "gpt2-124m": {}},
-        "build": lambda fields, dtype: GPT(GPTConfig.gpt2(**fields), dtype=dtype)}),
-    "llama": ModelExport(
-        presets={"llama-tiny": {"num_key_value_heads": 2},
-                 "smollm2-135m": LlamaConfig.smollm2_135m().to_dict()},
-        build=lambda fields, dtype: Llama(LlamaConfig(**fields), dtype=dtype),
-        objective=NextTokenLoss, inputs=_lm_inputs, conventions=_llama_conventions,
-        loss=NEXT_TOKEN_LOSS, width=lambda model: model.config.hidden_size),
-    "transformer": ModelExport(
-        presets={"digits": {}},
-        build=lambda fields, dtype: Seq2Seq(Seq2SeqConfig(**fields), dtype=dtype),
-        objective=Seq2SeqLoss, inputs=_digit_inputs, conventions=_seq2seq_conventions,
-        loss=TARGET_LOSS, width=lambda model: model.config.d_model),
-    "bert": ModelExport(
-        presets={"bert-tiny": {}},
-        build=lambda fields, dtype: Bert(BertConfig(**fields), dtype=dtype),
-        objective=_MaskedLM, inputs=_mlm_inputs, conventions=_bert_conventions,
-        loss=MASKED_LM_LOSS, width=lambda model: model.config.hidden_size),
+    "gpt": ModelExport(default="tiny-gpt", inputs=_lm_inputs, conventions=_gpt_conventions,
+                       loss=NEXT_TOKEN_LOSS, width=lambda model: model.config.width),
+    "llama": ModelExport(default="llama-tiny", inputs=_lm_inputs,
+                         conventions=_llama_conventions, loss=NEXT_TOKEN_LOSS,
+                         width=lambda model: model.config.hidden_size),
+    "bert": ModelExport(default="bert-tiny", inputs=_mlm_inputs, conventions=_bert_conventions,
+                        loss=MASKED_LM_LOSS, width=lambda model: model.config.hidden_size,
+                        objective=_MaskedLM),
+    "seq2seq": ModelExport(default="seq2seq-tiny", inputs=_digit_inputs,
+                           conventions=_seq2seq_conventions, loss=TARGET_LOSS,
+                           width=lambda model: model.config.d_model),
 }
 
+# `export --model` took these five names before the registry; each keeps its meaning. Two are
+# GPT presets whose bare name exports the first preset listed here (gpt2 alone is gpt2-tiny, not
+# the 124M model), and an unknown --config after them lists these presets by the names export
+# gave them then (all still accepted).
+FIRST_NAMES = ("tiny-gpt", "gpt2", "llama", "transformer", "bert")
+FIRST_PRESETS = {"tiny-gpt": ("tiny",), "gpt2": ("gpt2-tiny", "gpt2-124m")}
 
-def resolve_config(model: str, config: str | dict | None = None,
-                   overrides: dict | None = None) -> dict:
-    """Config fields: a preset name (None: the first preset) or a dict, then `overrides`."""
-    entry = model_export(model)
-    if config is None or isinstance(config, str):
-        name = next(iter(entry.presets)) if config is None else config
-        if name not in entry.presets:
-            raise ValueError(f"config {name!r} is neither a preset of {model} ("
-                             + ", ".join(entry.presets) + ") nor config fields (a dict; on the "
-                             "command line a JSON file or inline JSON)")
-        config = entry.presets[name]
-    if not isinstance(config, dict):
-        raise TypeError(f"config must be a preset name or a dict; got {type(config).__name__}")
-    return {**config, **(overrides or {})}
+
+# the largest model export builds: every parameter is held four times (weights, gradients and
+# the copies written into the case), 32 GB in float64 at this size
+MAX_PARAMETERS = 1_000_000_000
+
+
+def model_names() -> str:
+    """What `export --model` takes, for messages and --help."""
+    presets = [preset.name for name in EXPORTS for preset in registry.presets_of(name)]
+    return (f"families {', '.join(EXPORTS)} and their presets {', '.join(presets)}")
+
+
+def _model(model: str):
+    """(family, the config --config fields change (None: the class defaults), the default
+    preset, the presets an unknown --config lists) of an --model name."""
+    try:
+        family, preset = registry.resolve(model)
+    except (ValueError, TypeError):
+        raise ValueError(f"unknown model {model!r}; numpy_tf exports "
+                         f"{', '.join(FIRST_NAMES)} and the {model_names()}") from None
+    if family.name not in EXPORTS:
+        raise ValueError(f"model {model!r} ({family.summary}) cannot be exported; numpy_tf "
+                         f"exports the {model_names()}")
+    if model in FIRST_PRESETS:
+        default = registry.find_preset(FIRST_PRESETS[model][0])
+        offered = f"of {model} ({', '.join(FIRST_PRESETS[model])})"
+    else:
+        default = preset or registry.find_preset(EXPORTS[family.name].default)
+        offered = (f"of the {family.name} family "
+                   f"({', '.join(p.name for p in registry.presets_of(family.name))})")
+    return family, None if preset is None else preset.config, default, offered
+
+
+def model_config(model: str, config=None, overrides: dict | None = None):
+    """(family, config) of a case: `model` a family or preset name (or one of FIRST_NAMES);
+    `config` None (the model's default preset), a preset name, a path or inline JSON (see
+    registry.read_config) or a dict of config fields over the model's own config (a Hugging
+    Face config.json, with model_type, is read by interop); then `overrides` (fields)."""
+    family, base, default, offered = _model(model)
+    found = default if config is None else registry.read_config(config, "config", offered)
+    if isinstance(found, registry.Preset):
+        owner, result = registry.FAMILIES[found.family], found.config
+    elif "model_type" in found:
+        result = config_from_hf(found)
+        owner = registry.family_of_config(result)
+    else:
+        owner, fields = registry.split_family(found, family.name)
+        result = registry.make_config(owner, fields, base if owner is family else None,
+                                      f"config for {model}")
+    if owner is not family:
+        raise ValueError(f"config {config!r} is a {owner.name} config; --model {model} is "
+                         f"{family.name}")
+    if overrides:
+        result = registry.make_config(family, overrides, result, f"config for {model}")
+    return family, result
+
+
+def resolve_config(model: str, config=None, overrides: dict | None = None) -> dict:
+    """The config fields of a case (see model_config)."""
+    return model_config(model, config, overrides)[1].to_dict()
 
 
 def model_export(model: str) -> ModelExport:
-    if model not in EXPORTS:
-        raise ValueError(f"unknown model {model!r}; numpy_tf exports {', '.join(EXPORTS)}")
-    return EXPORTS[model]
+    """The EXPORTS entry of a model name's family."""
+    return EXPORTS[_model(model)[0].name]
 
 
 def spread_weights(model: Module, g: np.random.Generator, std: float) -> None:
@@ -328,22 +368,23 @@ def spread_weights(model: Module, g: np.random.Generator, std: float) -> None:
 def export_case(model: str, config: str | dict | None = None, overrides: dict | None = None,
                 *, seed: int = 0, dtype="float64", batch: int = 2, length: int | None = None,
                 pad: int = 0, init_std: float | None = None) -> Case:
-    """The case of `model` (a key of EXPORTS) built from `config` (see resolve_config), with
-    weights and inputs drawn from `seed` (see the module text)."""
+    """The case of `model` (a family or preset name, see model_config) built from `config`,
+    with weights and inputs drawn from `seed` (see the module text)."""
     from .. import __version__
 
-    entry = model_export(model)
+    family, config = model_config(model, config, overrides)
+    entry = EXPORTS[family.name]
     dtype = float_dtype(dtype)
-    fields = resolve_config(model, config, overrides)
-    try:
-        network = entry.build(fields, dtype)
-    except TypeError as error:
-        raise ValueError(f"config for {model}: {error}") from None
+    if family.count is not None and family.count(config).total > MAX_PARAMETERS:
+        raise ValueError(f"{model}: a case of {family.count(config).total:,} parameters would "
+                         f"hold them, their gradients and a copy of each ({MAX_PARAMETERS:,} "
+                         "parameters at most); export a smaller config")
+    network = family.model_class(config, dtype=dtype)
     g = np.random.default_rng(seed)
     std = 1.2 / math.sqrt(entry.width(network)) if init_std is None else float(init_std)
     spread_weights(network, g, std)
     inputs = entry.inputs(network, g, batch, length, pad)
-    objective = entry.objective(network)
+    objective = (entry.objective or family.objective)(network)
     with record_activations(network) as recorder:
         loss, cache = objective.forward(**inputs)
         network.zero_grad()

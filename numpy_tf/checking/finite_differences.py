@@ -37,6 +37,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..core.module import Module
+from ..core.table import format_table
 from ..core.tolerances import FD_STEP, FINITE_DIFFERENCE
 
 
@@ -90,17 +91,14 @@ class GradcheckReport:
                   "S = max|n| over all tensors")
         columns = ("tensor", "shape", "max abs err", "max rel err", "worst index",
                    "norm rel err", "verdict")
-        table = [columns] + [
+        table = [
             (row.name, str(row.shape), f"{row.max_abs_error:.2e}", f"{row.max_rel_error:.2e}",
              "-" if row.worst_index is None else str(row.worst_index),
              f"{row.norm_rel_error:.2e}", "pass" if row.passed else "FAIL")
             for row in self.rows]
-        widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
-                 for line in table]
         verdict = "all passed" if self.passed else \
             f"{sum(not row.passed for row in self.rows)} FAILED"
-        return "\n".join([header] + lines + [verdict])
+        return "\n".join([header, format_table(columns, table), verdict])
 
 
 def compare_gradients(name: str, analytic: np.ndarray, numerical: np.ndarray,

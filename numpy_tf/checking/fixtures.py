@@ -9,6 +9,7 @@ This is what `numpy-tf check` prints and what the fixture tests assert.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +31,8 @@ from ..layers.norm import LayerNorm, RMSNorm
 from ..layers.positions import LearnedPositions, SinusoidalPositions
 from ..layers.rope import RotaryEmbedding
 from ..layers.softmax import LogSoftmax, Softmax
-from ..models.bert import Bert, BertConfig
+from ..models import registry
 from ..models.cbow import CBOW
-from ..models.encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
-from ..models.gpt import GPT, GPTConfig
-from ..models.objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss
 from ..optim import SGD, Adam, AdamW, clip_grad_norm
 from ..optim.schedule import warmup_cosine
 from .case_file import Case
@@ -148,8 +146,9 @@ def run_cbow_case(case: Case) -> dict[str, np.ndarray]:
 
 
 # kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's
-# steps, a whole model's loss): run(case) -> {key: array} for the keys the case holds, and
-# gradcheck(case) -> GradcheckReport, or None when finite differences do not apply.
+# steps, CBOW's loss; the whole models of the registry's families run through run_model_case,
+# below): run(case) -> {key: array} for the keys the case holds, and gradcheck(case) ->
+# GradcheckReport, or None when finite differences do not apply.
 RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckReport | None]]] = {
     "optimizer": (run_optimizer_case, lambda case: None),
     "clip_grad_norm": (run_clip_case, lambda case: None),
@@ -159,37 +158,16 @@ RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckRepor
 }
 
 
-# -- whole language models: logits, the model's loss and every parameter gradient ------------
-# kind -> (load(case) -> model, names(model, case, grads) -> {case name: array}, objective):
-# next-token cases hold input/ids (and key_padding_mask); masked-LM cases also input/labels
-# (and token_type_ids).
-_HUGGING_FACE = (lambda case: from_hf(case.meta["config"], case.section("param"), case.dtype),
-                 lambda model, case, grads: to_hf(model, case.meta["config"], grads))
-
-
-def _own_names(model: Module, case: Case, grads: bool) -> dict[str, np.ndarray]:
-    """A torch mirror's case uses numpy_tf's own parameter names."""
-    return model.grad_dict() if grads else model.state_dict()
-
-
-LANGUAGE_MODELS = {
-    "tiny_gpt": (lambda case: _loaded(GPT(GPTConfig.tiny(**case.meta["config"]),
-                                          dtype=case.dtype), case), _own_names, NextTokenLoss),
-    "hf_gpt2": (*_HUGGING_FACE, NextTokenLoss),
-    "hf_llama": (*_HUGGING_FACE, NextTokenLoss),
-    "bert": (lambda case: _loaded(Bert(BertConfig(**case.meta["config"]), dtype=case.dtype),
-                                  case), _own_names, MaskedLMLoss),
-    "hf_bert": (*_HUGGING_FACE, MaskedLMLoss),
-}
-
-
-def _loaded(model: Module, case: Case) -> Module:
-    model.load_state_dict(case.section("param"))
-    return model
+# -- whole models: logits, the model's loss and every parameter gradient ---------------------
+# A model case's kind says which registered family it belongs to and whose names its arrays
+# use: hf_<model_type> (from_hf / to_hf: a Hugging Face model's names and layout), or one of
+# OWN_NAMES (a torch mirror of the numpy_tf model, under numpy_tf's own parameter names).
+OWN_NAMES = {"tiny_gpt": "gpt", "bert": "bert", "seq2seq": "seq2seq"}
 
 
 def _lm_inputs(case: Case):
-    """The objective's positional inputs (ids, and labels for masked LM) and keyword inputs."""
+    """ids (and labels for masked LM) positionally; key_padding_mask and token_type_ids by
+    keyword."""
     names = ("ids", "labels") if "input/labels" in case.arrays else ("ids",)
     kwargs = {"key_padding_mask": case.arrays.get("input/key_padding_mask")}
     if "input/token_type_ids" in case.arrays:
@@ -197,54 +175,63 @@ def _lm_inputs(case: Case):
     return tuple(case.arrays[f"input/{name}"] for name in names), kwargs
 
 
-def run_language_model(case: Case) -> dict[str, np.ndarray]:
-    load, names, objective_class = LANGUAGE_MODELS[case.kind]
-    model = load(case)
-    objective = objective_class(model)
-    args, kwargs = _lm_inputs(case)
+def _seq2seq_inputs(case: Case):
+    return tuple(case.arrays.get(f"input/{name}") for name in
+                 ("src_ids", "tgt_ids", "target", "src_key_padding_mask",
+                  "tgt_key_padding_mask")), {}
+
+
+# registry family name -> case -> (positional, keyword) inputs of the family's objective
+MODEL_INPUTS: dict[str, Callable[[Case], tuple[tuple, dict]]] = {
+    "gpt": _lm_inputs, "llama": _lm_inputs, "bert": _lm_inputs, "seq2seq": _seq2seq_inputs}
+
+
+def model_case_family(kind: str):
+    """The registered family of a whole-model case kind, or None for any other kind."""
+    if kind in OWN_NAMES:
+        return registry.FAMILIES[OWN_NAMES[kind]]
+    if kind.startswith("hf_"):
+        return registry.family_of_model_type(kind[3:])
+    return None
+
+
+def _load_model(case: Case) -> Module:
+    if case.kind.startswith("hf_"):
+        return from_hf(case.meta["config"], case.section("param"), case.dtype)
+    family = model_case_family(case.kind)
+    model = family.model_class(family.config_class(**case.meta["config"]), dtype=case.dtype)
+    model.load_state_dict(case.section("param"))
+    return model
+
+
+def _model_objective(case: Case):
+    family = model_case_family(case.kind)
+    args, kwargs = MODEL_INPUTS[family.name](case)
+    return family.objective(_load_model(case)), args, kwargs
+
+
+def run_model_case(case: Case) -> dict[str, np.ndarray]:
+    objective, args, kwargs = _model_objective(case)
     loss, cache = objective.forward(*args, **kwargs)
-    model.zero_grad()
-    objective.backward(1.0, cache)
-    produced = {"output/logits": cache.logits, "loss": loss}
-    produced.update({f"grad/{name}": g for name, g in names(model, case, True).items()})
-    return produced
-
-
-def gradcheck_language_model(case: Case) -> GradcheckReport:
-    """Random directions over every parameter at once (two forwards per direction)."""
-    load, _, objective_class = LANGUAGE_MODELS[case.kind]
-    args, kwargs = _lm_inputs(case)
-    return gradcheck_module(objective_class(load(case)), *args, fast=True, title=case.kind,
-                            forward_kwargs=kwargs)
-
-
-for _kind in LANGUAGE_MODELS:
-    RUNNERS[_kind] = (run_language_model, gradcheck_language_model)
-
-
-# -- the sequence-to-sequence model: logits, the teacher-forced loss, every parameter gradient --
-def _seq2seq_loss(case: Case):
-    model = _loaded(Seq2Seq(Seq2SeqConfig(**case.meta["config"]), dtype=case.dtype), case)
-    inputs = [case.arrays.get(f"input/{name}") for name in
-              ("src_ids", "tgt_ids", "target", "src_key_padding_mask", "tgt_key_padding_mask")]
-    return Seq2SeqLoss(model), inputs
-
-
-def run_seq2seq(case: Case) -> dict[str, np.ndarray]:
-    objective, inputs = _seq2seq_loss(case)
-    loss, cache = objective.forward(*inputs)
     objective.zero_grad()
     objective.backward(1.0, cache)
+    model = objective.model
+    grads = to_hf(model, case.meta["config"], True) if case.kind.startswith("hf_") \
+        else model.grad_dict()
     return {"output/logits": cache.logits, "loss": loss,
-            **{f"grad/{name}": g for name, g in objective.model.grad_dict().items()}}
+            **{f"grad/{name}": g for name, g in grads.items()}}
 
 
-def gradcheck_seq2seq(case: Case) -> GradcheckReport:
-    objective, inputs = _seq2seq_loss(case)
-    return gradcheck_module(objective, *inputs, fast=True, title=case.kind)
+def gradcheck_model_case(case: Case) -> GradcheckReport:
+    """Random directions over every parameter at once (two forwards per direction)."""
+    objective, args, kwargs = _model_objective(case)
+    return gradcheck_module(objective, *args, fast=True, title=case.kind, forward_kwargs=kwargs)
 
 
-RUNNERS["seq2seq"] = (run_seq2seq, gradcheck_seq2seq)
+def _is_model_case(kind: str) -> bool:
+    family = model_case_family(kind)
+    return family is not None and family.name in MODEL_INPUTS
+
 
 SECTION_ORDER = ("loss", "output", "act", "grad_act", "grad_input", "grad")
 
@@ -265,7 +252,18 @@ def case_name(path: Path) -> str:
 
 
 def known_kinds() -> list[str]:
-    return sorted(set(BUILDERS) | set(RUNNERS))
+    """Every case kind numpy_tf can run (model kinds of the registered families included)."""
+    models = set(OWN_NAMES) | {f"hf_{model_type}" for name in MODEL_INPUTS
+                               for model_type in registry.FAMILIES[name].hf_model_types}
+    return sorted(set(BUILDERS) | set(RUNNERS) | models)
+
+
+def _runner(kind: str):
+    if kind in RUNNERS:
+        return RUNNERS[kind]
+    if _is_model_case(kind):
+        return run_model_case, gradcheck_model_case
+    return None
 
 
 def build_module(case: Case) -> Module:
@@ -288,8 +286,9 @@ def forward_kwargs(case: Case) -> dict:
 
 def run_case(case: Case) -> dict[str, np.ndarray]:
     """numpy_tf's arrays for every output and gradient key the case holds."""
-    if case.kind in RUNNERS:
-        return RUNNERS[case.kind][0](case)
+    runner = _runner(case.kind)
+    if runner is not None:
+        return runner[0](case)
     module = build_module(case)
     inputs = case.inputs()
     out, cache = module.forward(*inputs, **forward_kwargs(case))
@@ -397,8 +396,9 @@ def gradcheck_case(case: Case, fast: bool | None = None,
                    title: str = "") -> GradcheckReport | None:
     """Finite differences of numpy_tf's own forward at the case's inputs and parameters
     (in float64); full for a layer, random directions for a model."""
-    if case.kind in RUNNERS:
-        return RUNNERS[case.kind][1](case)
+    runner = _runner(case.kind)
+    if runner is not None:
+        return runner[1](case)
     module = build_module(case)
     if fast is None:
         fast = case.meta.get("level", "layer") == "model"
@@ -422,9 +422,39 @@ def check_file(path: Path, with_gradcheck: bool = True) -> CaseResult:
     return result
 
 
-def check_all(directory: Path | None = None, pattern: str = "*") -> list[CaseResult]:
-    """Every case in `directory` (default: the committed fixtures); finite differences on the
-    float64 case of each name."""
+# the model cases that are not whole-model cases of MODEL_INPUTS, by the family they check
+OTHER_MODEL_KINDS = {"transformer": "seq2seq", "cbow": "cbow"}
+
+
+def case_family(kind: str) -> str | None:
+    """The registry family a case kind checks (None: a layer, an optimizer, ...)."""
+    family = model_case_family(kind)
+    return family.name if family is not None else OTHER_MODEL_KINDS.get(kind)
+
+
+def _case_kind(path: Path) -> str | None:
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            return json.loads(str(arrays["meta"]))["kind"]
+    except Exception:               # unreadable: check_file reports it
+        return None
+
+
+def case_paths(directory: Path | None = None, pattern: str = "*",
+               model: str | None = None) -> list[Path]:
+    """The case files check_all runs: those matching `pattern`, and with `model` (a family or
+    preset name, see numpy_tf.models.registry) only the cases of that model's family."""
     directory = fixtures_dir() if directory is None else Path(directory)
     paths = sorted(directory.glob(f"{pattern}.npz"))
-    return [check_file(path, with_gradcheck=path.stem.endswith("float64")) for path in paths]
+    if model is not None:
+        family = registry.family(model, "model")
+        paths = [path for path in paths if case_family(_case_kind(path) or "") == family.name]
+    return paths
+
+
+def check_all(directory: Path | None = None, pattern: str = "*",
+              model: str | None = None) -> list[CaseResult]:
+    """Every case in `directory` (default: the committed fixtures), or those case_paths
+    selects; finite differences on the float64 case of each name."""
+    return [check_file(path, with_gradcheck=path.stem.endswith("float64"))
+            for path in case_paths(directory, pattern, model)]

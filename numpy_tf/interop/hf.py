@@ -9,7 +9,9 @@
 
 Each layout is a table of (numpy_tf name, other name, transposed?) rows (interop/layout.py; the
 BERT tables are in interop/hf_bert.py); loading checks every key, shape and config option first
-and names each problem. Options we do not implement are refused, never guessed.
+and names each problem. Options we do not implement are refused, never guessed. HF_FAMILIES
+holds each family's config reader and layout under its numpy_tf.models.registry name; the
+registry says which model_type values a family reads and which class builds it.
 """
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ from typing import Callable, Mapping, NamedTuple
 import numpy as np
 
 from ..core.module import Module, float_dtype
-from ..models.bert import Bert
-from ..models.gpt import GPT, GPTConfig
-from ..models.llama import Llama, LlamaConfig
+from ..models import registry
+from ..models.gpt import GPTConfig
+from ..models.llama import LlamaConfig
 from .hf_bert import bert_buffer, bert_config, bert_layout
 from .layout import Layout
 
@@ -151,20 +153,30 @@ def _llama_buffer(key: str) -> bool:
 
 
 # -- the entry points ---------------------------------------------------------------------------
-def _model_type(config: Mapping) -> str:
+def _family(config: Mapping) -> "HFFamily":
+    """The HF_FAMILIES entry of the registered family whose model_type the config names."""
     if not isinstance(config, Mapping):
         raise TypeError("config must be a dict (a Hugging Face config's to_dict()); got "
                         f"{type(config).__name__}")
     model_type = config.get("model_type")
-    if model_type not in _HF:
+    family = registry.family_of_model_type(model_type)
+    if family is None or family.name not in HF_FAMILIES:
+        readable = sorted(t for name in HF_FAMILIES
+                          for t in registry.FAMILIES[name].hf_model_types)
         raise ValueError(f"model_type {model_type!r} is not supported; numpy_tf reads "
-                         f"{', '.join(sorted(_HF))}")
-    return model_type
+                         f"{', '.join(readable)}")
+    return HF_FAMILIES[family.name]
+
+
+def config_from_hf(config: Mapping):
+    """numpy_tf's config (GPTConfig, LlamaConfig, BertConfig) equal to a Hugging Face config
+    dict, refusing every option numpy_tf lacks."""
+    return _family(config).config(config)
 
 
 def from_hf(config: Mapping, state_dict: Mapping[str, np.ndarray], dtype=np.float64) -> Module:
     """A numpy_tf model equal to the Hugging Face model of `config` with these weights."""
-    family = _HF[_model_type(config)]
+    family = _family(config)
     dtype = float_dtype(dtype)
     model = family.build(config, dtype)
     layout = family.layout(config)
@@ -185,35 +197,39 @@ def from_hf(config: Mapping, state_dict: Mapping[str, np.ndarray], dtype=np.floa
 def to_hf(model: Module, config: Mapping, grads: bool = False) -> dict[str, np.ndarray]:
     """The model's parameters (or, with grads=True, their gradients) under Hugging Face names
     and layout. A tied weight appears under both of its names."""
-    family = _HF[_model_type(config)]
+    family = _family(config)
     arrays = model.grad_dict() if grads else model.state_dict()
     return family.layout(config).to_theirs(arrays)
 
 
-class _Family(NamedTuple):
-    build: Callable[[Mapping, np.dtype], Module]
+class HFFamily(NamedTuple):
+    """What reading one family's Hugging Face checkpoints takes (its model class is the
+    registry's)."""
+    name: str                                            # the registry's family name
+    config: Callable[[Mapping], object]                  # HF config dict -> numpy_tf config
     layout: Callable[[Mapping], Layout]
     ties: Callable[[Mapping], list[tuple[str, str]]]     # (alias, source) numpy_tf names
     ignored: Callable[[str], bool]                       # keys that are buffers, not weights
 
+    def build(self, config: Mapping, dtype) -> Module:
+        return registry.FAMILIES[self.name].model_class(self.config(config), dtype=dtype)
 
-_HF = {
-    "gpt2": _Family(
-        build=lambda config, dtype: GPT(gpt2_config(config), dtype=dtype),
-        layout=lambda config: gpt2_layout(config["n_layer"]),
+
+# registry family name -> its HF layout (the family's model_types are in the registry)
+HF_FAMILIES = {family.name: family for family in [
+    HFFamily(
+        "gpt", config=gpt2_config, layout=lambda config: gpt2_layout(config["n_layer"]),
         ties=lambda config: [("output.weight", "tokens.weight")]
         if config.get("tie_word_embeddings", True) else [],
         ignored=_gpt2_buffer),
-    "bert": _Family(
-        build=lambda config, dtype: Bert(bert_config(config), dtype=dtype),
-        layout=lambda config: bert_layout(bert_config(config)),
+    HFFamily(
+        "bert", config=bert_config, layout=lambda config: bert_layout(bert_config(config)),
         ties=lambda config: [("mlm_head.decoder.weight", "embeddings.word_embeddings.weight")]
         if bert_config(config).tie_word_embeddings else [],
         ignored=bert_buffer),
-    "llama": _Family(
-        build=lambda config, dtype: Llama(llama_config(config), dtype=dtype),
-        layout=lambda config: llama_layout(llama_config(config)),
+    HFFamily(
+        "llama", config=llama_config, layout=lambda config: llama_layout(llama_config(config)),
         ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
         if config.get("tie_word_embeddings", False) else [],
         ignored=_llama_buffer),
-}
+]}

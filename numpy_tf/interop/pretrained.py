@@ -376,3 +376,8 @@ def load_smollm2(dtype=np.float32, *, cache_dir=None, quiet: bool = False):
                                                    dtype, cache_dir=cache_dir)
     model = from_hf(config, state_dict, dtype=dtype)
     return model, GGUFTokenizer.from_data(tokenizer_data)
+
+
+# registry preset name -> the loader of its released weights: load(dtype, cache_dir=...) ->
+# (model, tokenizer). What `numpy-tf generate --model` and `numpy-tf sample PRESET` run.
+PRETRAINED = {"smollm2-135m": load_smollm2}

@@ -1,6 +1,7 @@
 """The model families, each composed of layers: GPT / GPT-2 (gpt.py), Llama (llama.py), BERT
 (bert.py), the encoder-decoder (encoder_decoder/), CBOW word vectors (cbow.py); the losses a
-model is trained with (objectives.py) and exact parameter counts from configs (accounting.py).
+model is trained with (objectives.py), exact parameter counts from configs (accounting.py), and
+the registry of families and presets every tool and command reads (registry.py).
 Models import layers and the core, never training, generation, interop or the tools."""
 from .accounting import Accounting, account, count_parameters, parameter_breakdown
 from .bert import Bert, BertConfig, BertEmbeddings, MaskedLMHead

@@ -1,5 +1,5 @@
-"""Counting parameters: exact counts from a model, exact counts from a config alone, and the seed
-material's rule of thumb.
+"""Counting parameters: exact counts from a model, exact counts from a config alone, and the
+12 d^2 rule of thumb.
 
 Per block of width d with a 4d feed-forward, attention has four d x d projections (4 d^2) and the
 feed-forward two d x 4d matrices (8 d^2): about 12 d^2 per block, the biases and norms adding
@@ -7,20 +7,21 @@ only O(d) (a SwiGLU FFN of width I has three matrices, 3 d I, about 8 d^2 at I =
 GPT's block (no attention biases) has exactly 12 d^2 + 9 d: its FFN biases (4d + d) and two
 LayerNorms (4d). The whole model is then about L 12 d^2 + V d.
 
-`account(config)` counts from the formulas below, never allocating a weight, for numpy_tf's
-GPTConfig and for Hugging Face config.json files of model_type gpt2, llama and bert. Shapes:
-V vocabulary, d width, F FFN width, L blocks; Llama adds H query heads, KV key/value heads,
-hd head width, I the SwiGLU width.
+`account(config)` counts from the formulas below, never allocating a weight. Each family's
+count is written once, here, and named in its numpy_tf.models.registry entry (`count` for a
+numpy_tf config, `count_hf` for a Hugging Face config.json, `hf_config` between the two);
+LlamaConfig.num_parameters is count_llama's total. Shapes: V vocabulary, d width, F FFN width,
+L blocks; Llama adds H query heads, KV key/value heads, hd head width, I the SwiGLU width.
 
     GPT (GPTConfig, HF gpt2)  tokens V d, positions ctx d; per block: norm 2d, qkv 3d^2 (+3d),
                               attention output d^2 (+d), norm 2d, FFN d F (+F) + F d (+d);
                               final norm 2d; head V d unless tied to the tokens
-    Llama (HF llama)          embed V d; per block: RMSNorm d, q d H hd, k and v d KV hd each,
-                              o H hd d (biases H hd + 2 KV hd + d with attention_bias), RMSNorm d,
+    Llama (LlamaConfig,       embed V d; per block: RMSNorm d, q d H hd, k and v d KV hd each,
+      HF llama)               o H hd d (biases H hd + 2 KV hd + d with attention_bias), RMSNorm d,
                               gate/up/down 3 d I (+2I + d with mlp_bias); final norm d;
                               lm_head V d unless tied
-    BERT (HF bert)            word V d, positions P d, token types T d, LayerNorm 2d; per layer:
-                              qkv 3(d^2 + d), output d^2 + d, LayerNorm 2d, intermediate d I + I,
+    BERT (BertConfig,         word V d, positions P d, token types T d, LayerNorm 2d; per layer:
+      HF bert)                qkv 3(d^2 + d), output d^2 + d, LayerNorm 2d, intermediate d I + I,
                               output I d + d, LayerNorm 2d; then by architecture (below)
 
 BERT's heads follow `architectures[0]` (default BertForMaskedLM, what a bare BertConfig is
@@ -30,17 +31,18 @@ tie_word_embeddings is false: then transformers 5 ties neither, and the decoder 
 and NO pooler (HF builds its BertModel with
 add_pooling_layer=False); BertModel has the pooler (d^2 + d) and no head; BertForPreTraining
 has both and the next-sentence head (2d + 2). An `add_pooling_layer` key in the config (read
-by numpy_tf; HF takes it as a constructor argument) overrides the pooler.
+by numpy_tf; HF takes it as a constructor argument) overrides the pooler. numpy_tf's Bert is a
+BertForMaskedLM, counted under HF's names.
 """
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..core import validate
 from ..core.module import Module
+from ..core.table import format_table
 from .gpt import GPTConfig
 
 
@@ -121,15 +123,12 @@ class Accounting:
     def __str__(self) -> str:
         head = "output head tied to the token embedding (counted once)" if self.tied else \
             "untied output head" if self.has_head else "no output head"
-        table = [("component", "formula", "each", "copies", "total")] + [
-            (r.name, r.formula, f"{r.count:,}", str(r.copies), f"{r.total:,}") for r in self.rows]
-        table.append(("total", "", "", "", f"{self.total:,}"))
-        widths = [max(len(line[i]) for line in table) for i in range(5)]
+        table = [(r.name, r.formula, f"{r.count:,}", str(r.copies), f"{r.total:,}")
+                 for r in self.rows] + [("total", "", "", "", f"{self.total:,}")]
         lines = [f"{self.model} ({self.family}): d = {self.width}, L = {self.layers}, "
-                 f"V = {self.vocab_size}, {head}"]
-        for line in table:
-            lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
-                                   for i, (cell, w) in enumerate(zip(line, widths))))
+                 f"V = {self.vocab_size}, {head}",
+                 format_table(("component", "formula", "each", "copies", "total"), table,
+                              align="llrrr")]
         lines.append(f"one block: {self.block:,} exact; 12·d² = {self.block_estimate:,} "
                      f"(off by {relative_difference(self.block_estimate, self.block):+.2%})")
         lines.append(f"whole model: {self.total:,} exact; L·12·d² + V·d = "
@@ -189,7 +188,9 @@ class _Keys:
         return default if value is None else validate.flag(f"{self.where} {key}", value)
 
 
-def _numpy_tf_gpt(config: GPTConfig) -> Accounting:
+# -- GPT: numpy_tf's GPTConfig under its own names, HF gpt2 under GPT2LMHeadModel's ------------
+def count_gpt(config: GPTConfig) -> Accounting:
+    """A numpy_tf GPTConfig, numpy_tf's names."""
     keys = _Keys(config.to_dict(), "GPTConfig")
     width = keys.int("width")
     return _gpt("gpt", "numpy_tf GPT", GPT_NAMES, keys.int("vocab_size"),
@@ -198,7 +199,8 @@ def _numpy_tf_gpt(config: GPTConfig) -> Accounting:
                 keys.flag("tied", False))
 
 
-def _hf_gpt2(config: dict) -> Accounting:
+def count_gpt2_hf(config: dict) -> Accounting:
+    """An HF gpt2 config.json, GPT2LMHeadModel's names."""
     keys = _Keys(config, "gpt2 config")
     if keys.flag("add_cross_attention", False):
         raise ValueError("gpt2 config has add_cross_attention: true; cross-attention blocks "
@@ -209,31 +211,80 @@ def _hf_gpt2(config: dict) -> Accounting:
                 keys.int("n_layer"), True, True, keys.flag("tie_word_embeddings", True))
 
 
-def _hf_llama(config: dict) -> Accounting:
+_GPT2_ACTIVATION_NAMES = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
+def gpt2_hf_config(config: GPTConfig) -> dict:
+    """The HF gpt2 config.json of a GPTConfig in GPT-2's layout (interop.gpt2_config reads it
+    back); a config outside that layout is refused by name."""
+    wrong = [f"{name}={getattr(config, name)!r}" for name, needed in
+             [("attention_bias", True), ("ffn_bias", True), ("norm_first", True)]
+             if getattr(config, name) is not needed]
+    if wrong or config.activation not in _GPT2_ACTIVATION_NAMES:
+        raise ValueError(f"GPTConfig with {', '.join(wrong) or config.activation} is not in "
+                         "GPT-2's layout (biases everywhere, Pre-LN), so it has no gpt2 "
+                         "config.json")
+    return {"model_type": "gpt2", "vocab_size": config.vocab_size,
+            "n_positions": config.max_context, "n_embd": config.width,
+            "n_layer": config.layers, "n_head": config.heads,
+            "n_inner": config.hidden or 4 * config.width,
+            "activation_function": _GPT2_ACTIVATION_NAMES[config.activation],
+            "layer_norm_epsilon": config.norm_eps, "tie_word_embeddings": config.tied,
+            "initializer_range": config.init_std}
+
+
+# -- Llama: one formula, under numpy_tf's names or HF's (the same but for `model.`) -----------
+def _llama(model, prefix, vocab, d, inner, layers, heads, kv_heads, head_dim, tied,
+           attention_bias, mlp_bias) -> Accounting:
+    query, key_value = heads * head_dim, kv_heads * head_dim
+    rows = (
+        Row(f"{prefix}embed_tokens", "V·d", vocab * d),
+        Row(f"{prefix}layers.N.input_layernorm", "d", d, layers),
+        Row(f"{prefix}layers.N.self_attn", "d·H·hd + 2·d·KV·hd + H·hd·d"
+            + _plus(attention_bias, "H·hd + 2·KV·hd + d"),
+            2 * d * query + 2 * d * key_value
+            + (query + 2 * key_value + d if attention_bias else 0), layers),
+        Row(f"{prefix}layers.N.post_attention_layernorm", "d", d, layers),
+        Row(f"{prefix}layers.N.mlp", "3·d·I" + _plus(mlp_bias, "2I + d"),
+            3 * d * inner + (2 * inner + d if mlp_bias else 0), layers),
+        Row(f"{prefix}norm", "d", d),
+        Row("lm_head", "tied: 0" if tied else "V·d", 0 if tied else vocab * d))
+    return Accounting("llama", model, rows, tied, d, layers, vocab)
+
+
+def count_llama(config) -> Accounting:
+    """A numpy_tf LlamaConfig (it validates itself), numpy_tf's names; LlamaConfig's
+    num_parameters is this count's total."""
+    return _llama("numpy_tf Llama", "", config.vocab_size, config.hidden_size,
+                  config.intermediate_size, config.num_hidden_layers, config.num_attention_heads,
+                  config.kv_heads, config.head_width, config.tie_word_embeddings,
+                  config.attention_bias, config.mlp_bias)
+
+
+def count_llama_hf(config: dict) -> Accounting:
+    """An HF llama config.json, LlamaForCausalLM's names."""
     keys = _Keys(config, "llama config")
     vocab, d, inner = keys.int("vocab_size"), keys.int("hidden_size"), \
         keys.int("intermediate_size")
     layers, heads = keys.int("num_hidden_layers"), keys.int("num_attention_heads")
     kv_heads = keys.int("num_key_value_heads", heads)
     head_dim = keys.int("head_dim", d // heads if d % heads == 0 else None)
-    tied = keys.flag("tie_word_embeddings", False)
-    attention_bias, mlp_bias = keys.flag("attention_bias", False), keys.flag("mlp_bias", False)
-    query, key_value = heads * head_dim, kv_heads * head_dim
-    rows = (
-        Row("model.embed_tokens", "V·d", vocab * d),
-        Row("model.layers.N.input_layernorm", "d", d, layers),
-        Row("model.layers.N.self_attn", "d·H·hd + 2·d·KV·hd + H·hd·d"
-            + _plus(attention_bias, "H·hd + 2·KV·hd + d"),
-            2 * d * query + 2 * d * key_value
-            + (query + 2 * key_value + d if attention_bias else 0), layers),
-        Row("model.layers.N.post_attention_layernorm", "d", d, layers),
-        Row("model.layers.N.mlp", "3·d·I" + _plus(mlp_bias, "2I + d"),
-            3 * d * inner + (2 * inner + d if mlp_bias else 0), layers),
-        Row("model.norm", "d", d),
-        Row("lm_head", "tied: 0" if tied else "V·d", 0 if tied else vocab * d))
-    return Accounting("llama", "LlamaForCausalLM", rows, tied, d, layers, vocab)
+    return _llama("LlamaForCausalLM", "model.", vocab, d, inner, layers, heads, kv_heads,
+                  head_dim, keys.flag("tie_word_embeddings", False),
+                  keys.flag("attention_bias", False), keys.flag("mlp_bias", False))
 
 
+def llama_hf_config(config) -> dict:
+    """The HF llama config.json of a LlamaConfig (interop.llama_config reads it back)."""
+    names = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
+             "max_position_embeddings", "attention_bias", "mlp_bias", "attention_dropout",
+             "pad_token_id", "initializer_range")
+    return {"model_type": "llama", **{name: getattr(config, name) for name in names},
+            "num_key_value_heads": config.kv_heads, "head_dim": config.head_width}
+
+
+# -- BERT: counted as HF's BertForMaskedLM (numpy_tf's Bert holds exactly its parameters) ------
 BERT_ARCHITECTURES = {              # architecture -> (pooler, MLM head, next-sentence head)
     "BertForMaskedLM": (False, True, False),
     "BertModel": (True, False, False),
@@ -241,7 +292,8 @@ BERT_ARCHITECTURES = {              # architecture -> (pooler, MLM head, next-se
 }
 
 
-def _hf_bert(config: dict) -> Accounting:
+def count_bert_hf(config: dict) -> Accounting:
+    """An HF BERT config.json (by architectures[0], see the module text), HF's names."""
     keys = _Keys(config, "bert config")
     architectures = config.get("architectures") or ["BertForMaskedLM"]
     if not isinstance(architectures, list):
@@ -288,67 +340,112 @@ def _hf_bert(config: dict) -> Accounting:
     return Accounting("bert", architecture, tuple(rows), tied, d, layers, vocab, mlm)
 
 
-HF_FAMILIES = {"gpt2": _hf_gpt2, "llama": _hf_llama, "bert": _hf_bert}
-GPT_CONFIG_KEYS = frozenset(field.name for field in fields(GPTConfig))
+def count_bert(config) -> Accounting:
+    """A numpy_tf BertConfig, counted as the BertForMaskedLM it equals (HF's names)."""
+    return count_bert_hf(bert_hf_config(config))
 
-# Known models as the config.json (or GPTConfig JSON) that describes them.
-PRESETS = {
-    "gpt2": {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
-             "n_layer": 12, "n_head": 12},                             # 124,439,808
-    "llama-2-7b": {"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
-                   "intermediate_size": 11008, "num_hidden_layers": 32,
-                   "num_attention_heads": 32, "num_key_value_heads": 32,
-                   "tie_word_embeddings": False},                      # 6,738,415,616
-    "bert-base-uncased": {"model_type": "bert", "architectures": ["BertForMaskedLM"],
-                          "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
-                          "num_attention_heads": 12, "intermediate_size": 3072,
-                          "max_position_embeddings": 512, "type_vocab_size": 2},  # 109,514,298
-    "tiny-gpt": GPTConfig.tiny().to_dict(),                            # 7,232
-}
+
+def bert_hf_config(config) -> dict:
+    """The HF bert config.json (BertForMaskedLM) of a BertConfig; numpy_tf's own options
+    (Pre-LN, no position table, no segment table) have no HF counterpart and are refused."""
+    wrong = [text for text, present in [("norm_first=True", config.norm_first),
+                                        ("position_embeddings=False",
+                                         not config.position_embeddings),
+                                        ("type_vocab_size=0", config.type_vocab_size == 0)]
+             if present]
+    if wrong:
+        raise ValueError(f"BertConfig with {', '.join(wrong)} has no Hugging Face "
+                         "BertForMaskedLM counterpart, so it has no bert config.json")
+    names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
+             "layer_norm_eps", "tie_word_embeddings", "pad_token_id", "initializer_range")
+    return {"model_type": "bert", "architectures": ["BertForMaskedLM"],
+            **{name: getattr(config, name) for name in names}}
+
+
+# -- any config -------------------------------------------------------------------------------
+GPT_CONFIG_KEYS = frozenset(field.name for field in fields(GPTConfig))
 
 
 def account(config) -> Accounting:
-    """The exact parameter count of `config`, per component, from formulas alone: a GPTConfig,
-    a dict (an HF config.json with model_type gpt2 / llama / bert, or GPTConfig's own keys
-    without a model_type), or a string (a preset name or a JSON file, see `load_config`)."""
+    """The exact parameter count of `config`, per component, from formulas alone: a config of a
+    registered family (GPTConfig, LlamaConfig, BertConfig), a preset name (a published model,
+    such as gpt2, is counted under its Hugging Face names), a path or inline JSON (see
+    numpy_tf.models.registry.read_config), or a dict: an HF config.json (model_type gpt2 /
+    llama / bert) or numpy_tf config fields (a "family" key, or GPTConfig's own keys)."""
+    from . import registry
+
     if isinstance(config, (str, Path)):
-        config = load_config(config)
-    if isinstance(config, GPTConfig):
-        return _numpy_tf_gpt(config)
-    if not isinstance(config, dict):
-        raise TypeError(f"config must be a GPTConfig, a dict, a preset name or a path; got "
-                        f"{type(config).__name__}")
+        config = registry.read_config(config)
+    if isinstance(config, registry.Preset):
+        owner = registry.FAMILIES[config.family]
+        if owner.count is None:
+            raise ValueError(f"preset {config.name!r}: counting the {owner.name} family is not "
+                             "implemented")
+        if config.hf:
+            return owner.count_hf(owner.hf_config(config.config))
+        return owner.count(config.config)
+    if isinstance(config, dict):
+        return _account_dict(config, registry)
+    owner = registry.family_of_config(config)
+    if owner is None:
+        classes = [f.config_class.__name__ for f in registry.FAMILIES.values()
+                   if f.config_class is not None]
+        raise TypeError(f"config must be a model config ({', '.join(classes)}), a dict, a "
+                        f"preset name or a path; got {type(config).__name__}")
+    if owner.count is None:
+        raise ValueError(f"counting the {owner.name} family ({type(config).__name__}) is not "
+                         "implemented")
+    return owner.count(config)
+
+
+def _account_dict(config: dict, registry) -> Accounting:
     model_type = config.get("model_type")
-    if model_type is None:
-        unknown = sorted(set(config) - GPT_CONFIG_KEYS)
-        if unknown or "width" not in config:
-            raise ValueError("config has no model_type and is not a numpy_tf GPTConfig ("
-                             + (f"unknown keys: {', '.join(unknown)}" if unknown else
-                                "no 'width'") + "); give model_type gpt2, llama or bert")
-        return _numpy_tf_gpt(GPTConfig(**config))
-    if not isinstance(model_type, str) or model_type not in HF_FAMILIES:
-        raise ValueError(f"model_type {model_type!r} is not supported; supported: "
-                         f"{', '.join(HF_FAMILIES)} (or numpy_tf GPTConfig keys)")
-    return HF_FAMILIES[model_type](config)
+    if model_type is not None:
+        owner = registry.family_of_model_type(model_type) if isinstance(model_type, str) \
+            else None
+        if owner is None or owner.count_hf is None:
+            supported = [t for f in registry.FAMILIES.values() if f.count_hf
+                         for t in f.hf_model_types]
+            raise ValueError(f"model_type {model_type!r} is not supported; supported: "
+                             f"{', '.join(supported)} (or numpy_tf config fields)")
+        return owner.count_hf(config)
+    if "family" in config:
+        owner, fields_ = registry.split_family(config)
+        return account(registry.make_config(owner, fields_))
+    unknown = sorted(set(config) - GPT_CONFIG_KEYS)
+    if unknown or "width" not in config:
+        raise ValueError("config has no model_type and is not a numpy_tf GPTConfig ("
+                         + (f"unknown keys: {', '.join(unknown)}" if unknown else
+                            "no 'width'") + "); give model_type gpt2, llama or bert, or a "
+                         "\"family\" key")
+    return count_gpt(GPTConfig(**config))
 
 
 def load_config(source) -> dict:
-    """The config a string names: a path that exists (a JSON file, or a folder holding
-    config.json) is read; anything else must be a preset name (`PRESETS`)."""
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path} is not a JSON file: {error}") from None
-        if not isinstance(config, dict):
-            raise ValueError(f"{path} must hold a JSON object; got {type(config).__name__}")
-        return config
-    if str(source) in PRESETS:
-        return dict(PRESETS[str(source)])
-    if path.suffix == ".json" or len(path.parts) > 1:
-        raise ValueError(f"no such file: {str(source)!r}")
-    raise ValueError(f"{str(source)!r} is neither a file nor a preset; presets: "
-                     f"{', '.join(PRESETS)}")
+    """The config a string names, as a dict: a path (a JSON file, or a folder holding
+    config.json) or inline JSON is read; a preset gives its Hugging Face config.json when it
+    is a published model, else its numpy_tf fields with a "family" key (as PRESETS)."""
+    from . import registry
+
+    found = registry.read_config(source)
+    return _preset_dict(found) if isinstance(found, registry.Preset) else found
+
+
+def _preset_dict(preset) -> dict:
+    from . import registry
+
+    owner = registry.FAMILIES[preset.family]
+    if preset.hf:
+        return owner.hf_config(preset.config)
+    return {"family": preset.family, **preset.fields()}
+
+
+def __getattr__(name: str):
+    """PRESETS: every registered preset as the config.json it is counted from (built from
+    numpy_tf.models.registry when first asked for)."""
+    if name == "PRESETS":
+        from . import registry
+
+        return {preset.name: _preset_dict(preset) for preset in registry.PRESETS.values()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,6 +34,7 @@ from ..layers.linear import Linear, LinearCache
 from ..layers.mlp import SwiGLU, SwiGLUCache
 from ..layers.multihead import AttentionLayerCache, MultiHeadAttention
 from ..layers.norm import RMSNorm, RMSNormCache
+from .accounting import count_llama
 
 
 @dataclass(frozen=True)
@@ -90,17 +91,8 @@ class LlamaConfig:
 
     def num_parameters(self) -> int:
         """The count of trainable scalars, from the shapes alone (nothing is allocated); a tied
-        head is counted once."""
-        c, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q_width, kv_width = self.num_attention_heads * self.head_width, \
-            self.kv_heads * self.head_width
-        attention = 2 * c * q_width + 2 * c * kv_width
-        if self.attention_bias:
-            attention += q_width + 2 * kv_width + c
-        mlp = 3 * c * f + ((2 * f + c) if self.mlp_bias else 0)
-        block = attention + mlp + 2 * c
-        head = 0 if self.tie_word_embeddings else v * c
-        return v * c + self.num_hidden_layers * block + c + head
+        head is counted once. The formula is accounting.count_llama's, per component."""
+        return count_llama(self).total
 
     @classmethod
     def smollm2_135m(cls, **changes) -> "LlamaConfig":

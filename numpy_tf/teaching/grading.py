@@ -50,6 +50,7 @@ import numpy as np
 
 from ..checking.finite_differences import gradcheck
 from ..checking.fixtures import compare_arrays
+from ..core.table import format_table
 from ..core.tolerances import torch_tolerance
 from .layer_table import LAYERS, EdgeCase, LayerSpec, gradient_dict
 
@@ -119,7 +120,7 @@ class GradeReport:
 
     def __str__(self) -> str:
         total = self.to_dict()
-        rows = [("function", "cases", "points", "worst error", "finite-diff", "verdict")]
+        rows = []
         for f in self.functions:
             errors = [c.max_abs_error for c in f.cases if np.isfinite(c.max_abs_error)]
             fds = [c.fd_norm_rel_error for c in f.cases if c.fd_norm_rel_error is not None]
@@ -127,14 +128,13 @@ class GradeReport:
                          f"{max(errors):.1e}" if errors else "-",
                          f"{max(fds):.1e}" if fds else "-",
                          "pass" if f.passed else f"FAIL: {f.first_failure}"))
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
         failed = sum(not f.passed for f in self.functions)
         return "\n".join(
             [f"numpy-tf grade {self.submission}: 1 point per case passed",
              "worst error: max |yours - numpy_tf's|; finite-diff: max ||a - n|| / ||n|| of your "
              "backward against finite differences of numpy_tf's forward"]
-            + ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
-               for row in rows]
+            + [format_table(("function", "cases", "points", "worst error", "finite-diff",
+                             "verdict"), rows)]
             + [f"{len(self.functions) - failed} passed, {failed} failed; "
                f"{total['points']}/{total['possible']} points"])
 

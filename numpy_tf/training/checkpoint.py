@@ -12,39 +12,40 @@ unexpected or mismatched key.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Callable
 
 import numpy as np
 
 from ..core.module import Module
 from ..core.npz import from_json_array, json_array, load_npz, save_npz
-from ..models.bert import Bert, BertConfig
-from ..models.encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
-from ..models.gpt import GPT, GPTConfig
-from ..models.llama import Llama, LlamaConfig
+from ..models import registry
 from ..optim.optimizer import Optimizer
 
 FORMAT = "numpy_tf checkpoint 1"
 
-# model kind -> (config class, model class); models register here to be rebuilt from a file
-MODEL_KINDS: dict[str, tuple[type, Callable[..., Module]]] = {}
-
 
 def register_model(kind: str, config_class: type, model_class: Callable[..., Module]) -> None:
-    MODEL_KINDS[kind] = (config_class, model_class)
-
-
-register_model("GPT", GPTConfig, GPT)
-register_model("Llama", LlamaConfig, Llama)
-register_model("Seq2Seq", Seq2SeqConfig, Seq2Seq)
-register_model("Bert", BertConfig, Bert)
+    """Make a model of your own checkpointable: `kind` is the class name of its models (what a
+    checkpoint records); config_class(**saved config) and model_class(config, dtype=...)
+    rebuild it. The families numpy_tf ships are registered in numpy_tf.models.registry; this
+    registers a family named after the kind (or gives the family of that kind these classes)."""
+    existing = registry.family_of_kind(kind)
+    if existing is None:
+        registry.register_family(registry.Family(kind, f"{kind} (registered by register_model)",
+                                                 model_class, config_class,
+                                                 checkpoint_kind=kind))
+    else:
+        registry.register_family(replace(existing, model_class=model_class,
+                                         config_class=config_class, checkpoint_kind=kind),
+                                 replace_existing=True)
 
 
 def model_spec(model: Module) -> dict:
     """{"kind", "config", "dtype"}: what rebuilds the model's architecture."""
     kind = type(model).__name__
-    if kind not in MODEL_KINDS:
+    family = registry.family_of_kind(kind)
+    if family is None or family.config_class is None:
         raise TypeError(f"{kind} cannot be checkpointed: register it with "
                         "numpy_tf.checkpoint.register_model")
     config = model.config
@@ -54,11 +55,13 @@ def model_spec(model: Module) -> dict:
 
 def build_model(spec: dict) -> Module:
     kind = spec.get("kind")
-    if kind not in MODEL_KINDS:
+    family = registry.family_of_kind(kind)
+    if family is None or family.config_class is None:
+        known = [f.kind for f in registry.FAMILIES.values() if f.config_class is not None]
         raise ValueError(f"checkpoint model kind {kind!r} is unknown; known: "
-                         + ", ".join(sorted(MODEL_KINDS)))
-    config_class, model_class = MODEL_KINDS[kind]
-    return model_class(config_class(**spec["config"]), dtype=np.dtype(spec["dtype"]))
+                         + ", ".join(sorted(known)))
+    return family.model_class(family.config_class(**spec["config"]),
+                              dtype=np.dtype(spec["dtype"]))
 
 
 def save_checkpoint(path, model: Module, optimizer: Optimizer | None = None, step: int = 0,

@@ -1,0 +1,330 @@
+"""The model families numpy_tf knows and their presets: the one table every tool reads.
+
+Checkpoints (which class rebuilds a saved model), case export, the fixture runner behind
+`numpy-tf check`, parameter accounting, the Hugging Face converters and every CLI command look
+families and presets up here, by one set of names:
+
+    family    config class   model class  Hugging Face model_type  presets
+    gpt       GPTConfig      GPT          gpt2                     gpt2, gpt2-tiny, tiny-gpt,
+                                                                   char-gpt
+    llama     LlamaConfig    Llama        llama                    smollm2-135m, llama-2-7b,
+                                                                   llama-tiny
+    bert      BertConfig     Bert         bert                     bert-base-uncased, bert-tiny
+    seq2seq   Seq2SeqConfig  Seq2Seq      -                        seq2seq-tiny, seq2seq-digits
+    cbow      -              CBOW         -                        -
+
+    preset = find_preset("llama-tiny")                 # or PRESETS["llama-tiny"]
+    model = family("llama-tiny").model_class(preset.config)   # a model from a name
+    resolve("smollm2-135m")          # (Family, Preset or None) for a family or preset name
+    read_config("gpt2")              # a preset, or the dict a JSON file / folder / text holds
+
+A name is unique across families, presets and their aliases (the names earlier versions used,
+still accepted: tiny, gpt2-124m, smollm2, digits, transformer), so any command can take any of
+them. A family's presets are listed with the published models first. A preset marked `hf` is
+a published Hugging Face model: `numpy-tf params` counts it under that checkpoint's parameter
+names (through the family's hf_config and count_hf).
+
+Adding a family (Qwen2, say) is one entry here plus the tables of the tools that need code of
+their own for it, each keyed by the family's name:
+
+    1. here, at the end of this file: register_family(Family("qwen2", "Qwen2 decoder", Qwen2,
+       Qwen2Config, NextTokenLoss, hf_model_types=("qwen2",), count=count_qwen2,
+       count_hf=count_qwen2_hf, hf_config=qwen2_hf_config)), its parameter-count formula
+       written once in accounting.py (the config's num_parameters, if it has one, returns its
+       total), and register_preset(Preset("qwen2.5-0.5b", "qwen2", Qwen2Config(...), "...",
+       hf=True)) for each known size;
+    2. interop/hf.py HF_FAMILIES["qwen2"]: its config reader and its weight layout table;
+    3. checking/export.py EXPORTS["qwen2"]: how its case inputs are drawn, the conventions
+       written into the case, the preset a bare family name exports;
+    4. checking/fixtures.py MODEL_INPUTS["qwen2"] (how a case's inputs reach the objective), and
+       reference/ fixtures of kind hf_qwen2 (the kind maps to the family by its model_type);
+    5. only if a command does more with it: cli/commands.py TRAIN_TASKS (numpy-tf train) and
+       interop/pretrained.py PRETRAINED (released weights for sample and generate).
+
+A family without a count (seq2seq, cbow today) is refused by `numpy-tf params` by name; giving
+it count (and count_hf for a Hugging Face family) is all counting it takes.
+tests/test_registry.py fails while a registered family lacks an entry a tool needs, and checks
+that every command takes every preset name. Models import nothing above them, so this module
+knows no tool: the tools import it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..text.tokenizers import ByteTokenizer
+from .accounting import (bert_hf_config, count_bert, count_bert_hf, count_gpt, count_gpt2_hf,
+                         count_llama, count_llama_hf, gpt2_hf_config, llama_hf_config)
+from .bert import Bert, BertConfig
+from .cbow import CBOW
+from .encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
+from .gpt import GPT, GPTConfig
+from .llama import Llama, LlamaConfig
+from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: the classes that build it and what every tool needs to know of it."""
+    name: str                               # the key of every tool's table: "gpt", "llama", ...
+    summary: str
+    model_class: type                       # model_class(config, rng=..., dtype=...)
+    config_class: type | None = None        # a frozen dataclass with to_dict(); None: CBOW
+    objective: type | None = None           # the loss it is checked and exported with
+    aliases: tuple[str, ...] = ()           # other names accepted for the family
+    hf_model_types: tuple[str, ...] = ()    # Hugging Face config.json model_type values
+    count: Callable[[Any], Any] | None = None         # numpy_tf config -> Accounting
+    count_hf: Callable[[dict], Any] | None = None     # HF config.json -> Accounting (HF names)
+    hf_config: Callable[[Any], dict] | None = None    # numpy_tf config -> HF config.json
+    checkpoint_kind: str = ""               # "": the model class's name
+
+    @property
+    def kind(self) -> str:
+        """What a checkpoint records to rebuild the model: the class name of its models."""
+        return self.checkpoint_kind or self.model_class.__name__
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named configuration of a family, the same config in every command."""
+    name: str
+    family: str
+    config: Any                             # an instance of the family's config class
+    summary: str
+    aliases: tuple[str, ...] = ()
+    hf: bool = False                        # a published Hugging Face model of this shape
+
+    def fields(self) -> dict:
+        return self.config.to_dict()
+
+
+FAMILIES: dict[str, Family] = {}
+PRESETS: dict[str, Preset] = {}
+_NAMES: dict[str, Family | Preset] = {}     # every name and alias -> what it names
+
+
+def _claim(names) -> None:
+    taken = [name for name in names if name in _NAMES]
+    if taken:
+        raise ValueError(f"the name {taken[0]!r} is taken (by {_NAMES[taken[0]].name!r}); "
+                         "family, preset and alias names are unique")
+
+
+def register_family(family: Family, replace_existing: bool = False) -> Family:
+    """Add a family (see the module text). A name already in use is refused, unless
+    `replace_existing` and it names a family of the same name (checkpoint.register_model)."""
+    if not isinstance(family, Family):
+        raise TypeError(f"family must be a Family; got {type(family).__name__}")
+    old = FAMILIES.get(family.name)
+    if old is not None and replace_existing:
+        for name in (old.name, *old.aliases):
+            _NAMES.pop(name, None)
+    _claim((family.name, *family.aliases))
+    FAMILIES[family.name] = family
+    for name in (family.name, *family.aliases):
+        _NAMES[name] = family
+    return family
+
+
+def register_preset(preset: Preset) -> Preset:
+    if not isinstance(preset, Preset):
+        raise TypeError(f"preset must be a Preset; got {type(preset).__name__}")
+    owner = FAMILIES.get(preset.family)
+    if owner is None:
+        raise ValueError(f"preset {preset.name!r} names no registered family "
+                         f"({preset.family!r}); register the family first")
+    if owner.config_class is None or not isinstance(preset.config, owner.config_class):
+        raise TypeError(f"preset {preset.name!r} must hold a {owner.config_class}; got "
+                        f"{type(preset.config).__name__}")
+    _claim((preset.name, *preset.aliases))
+    PRESETS[preset.name] = preset
+    for name in (preset.name, *preset.aliases):
+        _NAMES[name] = preset
+    return preset
+
+
+# -- lookups ----------------------------------------------------------------------------------
+def names() -> str:
+    """'families: gpt, ...; presets: gpt2, ...' for error messages and --help."""
+    return f"families: {', '.join(FAMILIES)}; presets: {', '.join(PRESETS)}"
+
+
+def resolve(name: str, argument: str = "model") -> tuple[Family, Preset | None]:
+    """The family a family or preset name (or an alias) names, and the preset if it is one."""
+    owner = _NAMES.get(name) if isinstance(name, str) else None
+    if owner is None:
+        raise ValueError(f"{argument} {name!r} is neither a model family nor a preset; "
+                         f"{names()}")
+    if isinstance(owner, Preset):
+        return FAMILIES[owner.family], owner
+    return owner, None
+
+
+def family(name: str, argument: str = "family") -> Family:
+    """The family of a family or preset name."""
+    return resolve(name, argument)[0]
+
+
+def find_preset(name) -> Preset | None:
+    """The preset a name or alias names; None if it names none."""
+    owner = _NAMES.get(name) if isinstance(name, str) else None
+    return owner if isinstance(owner, Preset) else None
+
+
+def presets_of(family_name: str) -> list[Preset]:
+    return [p for p in PRESETS.values() if p.family == family_name]
+
+
+def family_of_model_type(model_type) -> Family | None:
+    for candidate in FAMILIES.values():
+        if model_type in candidate.hf_model_types:
+            return candidate
+    return None
+
+
+def family_of_kind(kind) -> Family | None:
+    """The family whose model class is named `kind` (a checkpoint's record)."""
+    for candidate in FAMILIES.values():
+        if candidate.kind == kind:
+            return candidate
+    return None
+
+
+def family_of_config(config) -> Family | None:
+    for candidate in FAMILIES.values():
+        if candidate.config_class is not None and type(config) is candidate.config_class:
+            return candidate
+    return None
+
+
+# -- the one config reader --------------------------------------------------------------------
+def read_config(source, argument: str = "config", offered: str | None = None) -> Preset | dict:
+    """What a config argument names: a Preset for a preset name (or alias), else the JSON object
+    held by a file, by a folder's config.json, or by the text itself (inline JSON: text
+    starting with "{", or "[" to be told it is not an object). A given dict comes back as a
+    copy. The dict is numpy_tf config fields (with an optional "family" key, default gpt) or a
+    Hugging Face config.json (with "model_type").
+
+    A file or a folder holding config.json wins over a preset of the same name; a folder
+    without one does not (`numpy-tf train --out tiny-gpt` makes such a folder). Every error
+    names `argument` and what was given; `offered` (e.g. "numpy-tf train trains (...)") says
+    which presets the command takes, in the message for an unknown name."""
+    if isinstance(source, Preset):
+        return source
+    if isinstance(source, Mapping):
+        return dict(source)
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"{argument} must be a preset name, a path or a dict; got "
+                        f"{type(source).__name__}")
+    text = str(source)
+    if text.lstrip()[:1] in ("{", "["):
+        return _json_object(text, lambda error: f"{argument} {text}: not valid JSON ({error})",
+                            f"{argument} {text}")
+    path = Path(text)
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            content = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"{argument} {path} cannot be read: {error}") from None
+        return _json_object(content, lambda error: f"{argument} {path} is not a JSON file: "
+                            f"{error}", f"{argument} {path}")
+    preset = find_preset(text)
+    if preset is not None:
+        return preset
+    if path.is_dir():
+        raise ValueError(f"{argument} {text!r} is a folder without a config.json")
+    if path.suffix == ".json" or len(path.parts) > 1:
+        raise ValueError(f"{argument}: no such file: {text!r}")
+    if offered is not None:
+        raise ValueError(f"{argument} {text!r} is neither a preset {offered} nor a JSON file, a "
+                         "folder holding config.json or inline JSON")
+    raise ValueError(f"{argument} {text!r} is neither a file nor a preset; presets: "
+                     f"{', '.join(PRESETS)}")
+
+
+def _json_object(text: str, invalid: Callable[[Exception], str], where: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(invalid(error)) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must hold a JSON object; got {type(value).__name__}")
+    return value
+
+
+def split_family(fields: Mapping, default: str = "gpt",
+                 argument: str = "config") -> tuple[Family, dict]:
+    """numpy_tf config fields -> (their family, the fields without the "family" key)."""
+    fields = dict(fields)
+    name = fields.pop("family", default)
+    try:
+        owner = family(name, f"{argument} family")
+    except ValueError:
+        raise ValueError(f"{argument} family {name!r} is not a model family; families: "
+                         f"{', '.join(FAMILIES)}") from None
+    return owner, fields
+
+
+def make_config(owner: Family, fields: Mapping, base=None, argument: str = "config"):
+    """The family's config from `fields`, over `base` (a config of the family) when given,
+    else over the config class's defaults; a field the class lacks is an error naming it."""
+    if owner.config_class is None:
+        raise ValueError(f"the {owner.name} family has no config class")
+    try:
+        if base is not None:
+            return replace(base, **fields)
+        return owner.config_class(**fields)
+    except TypeError as error:
+        raise ValueError(f"{argument}: {error}") from None
+
+
+# -- the families and their presets -----------------------------------------------------------
+register_family(Family(
+    "gpt", "decoder-only GPT: the tiny Pre-LN GPT and GPT-2's layout", GPT, GPTConfig,
+    NextTokenLoss, hf_model_types=("gpt2",), count=count_gpt, count_hf=count_gpt2_hf,
+    hf_config=gpt2_hf_config))
+register_family(Family(
+    "llama", "Llama: RMSNorm, RoPE, grouped-query attention, SwiGLU", Llama, LlamaConfig,
+    NextTokenLoss, hf_model_types=("llama",), count=count_llama, count_hf=count_llama_hf,
+    hf_config=llama_hf_config))
+register_family(Family(
+    "bert", "BERT: a bidirectional encoder with its masked-LM head", Bert, BertConfig,
+    MaskedLMLoss, hf_model_types=("bert",), count=count_bert, count_hf=count_bert_hf,
+    hf_config=bert_hf_config))
+register_family(Family(
+    "seq2seq", "the encoder-decoder: torch.nn.Transformer with embeddings and a head", Seq2Seq,
+    Seq2SeqConfig, Seq2SeqLoss, aliases=("transformer",)))
+register_family(Family("cbow", "CBOW word vectors (word2vec's continuous bag of words)", CBOW))
+
+for _preset in [
+    Preset("gpt2", "gpt", GPTConfig.gpt2(), "GPT-2 124M (Hugging Face gpt2)",
+           aliases=("gpt2-124m",), hf=True),
+    Preset("gpt2-tiny", "gpt", GPTConfig.gpt2(vocab_size=24, max_context=10, width=16, heads=4,
+                                              layers=2),
+           "GPT-2's layout (biases, tanh GELU, tied head) at toy size"),
+    Preset("tiny-gpt", "gpt", GPTConfig.tiny(), "the 7,232-parameter Pre-LN GPT, "
+           "GPTConfig.tiny()", aliases=("tiny",)),
+    Preset("char-gpt", "gpt", GPTConfig(vocab_size=ByteTokenizer().vocab_size, max_context=64,
+                                        width=96, heads=4, layers=3),
+           "the byte-level GPT `numpy-tf train` trains by default"),
+    Preset("smollm2-135m", "llama", LlamaConfig.smollm2_135m(), "SmolLM2-135M's shape "
+           "(HuggingFaceTB/SmolLM2-135M)", aliases=("smollm2",), hf=True),
+    Preset("llama-2-7b", "llama", LlamaConfig.llama2_7b(), "Llama-2-7B's shape "
+           "(meta-llama/Llama-2-7b-hf)", hf=True),
+    Preset("llama-tiny", "llama", LlamaConfig(num_key_value_heads=2),
+           "a toy Llama with two key/value heads for four query heads"),
+    Preset("bert-base-uncased", "bert", BertConfig(
+        vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2),
+        "BERT-base as BertForMaskedLM (bert-base-uncased)", hf=True),
+    Preset("bert-tiny", "bert", BertConfig(), "a toy Post-LN BERT with its MLM head"),
+    Preset("seq2seq-tiny", "seq2seq", Seq2SeqConfig(), "a toy Post-LN encoder-decoder (torch's "
+           "default block) on the digit vocabulary", aliases=("digits",)),
+    Preset("seq2seq-digits", "seq2seq", Seq2SeqConfig(norm_first=True), "the Pre-LN "
+           "encoder-decoder `numpy-tf train --task reverse-digits` trains"),
+]:
+    register_preset(_preset)
