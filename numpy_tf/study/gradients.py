@@ -19,7 +19,8 @@ def plot_gradcheck(report: GradcheckReport, *, path=None):
     """One row per tensor of the report: ||a - n|| / ||n|| (bar) and the largest elementwise
     |a - n| / |n| (dot), a the backward's gradient and n the finite-difference estimate, on a
     log scale, with the row's verdict (failed rows in red). The dashed line is rtol, the
-    relative part of the pass test |a - n| <= rtol |n| + atol max(1, S) (SPEC §6).
+    relative part of the pass test |a - n| <= rtol |n| + atol max(1, S) (SPEC §6): where n is
+    small the absolute part dominates, and a row may pass beyond the line.
     Returns the Figure (one axes); saves it to `path` if given (.png or .svg)."""
     path = check_path(path)
     if not isinstance(report, GradcheckReport) or not report.rows:
@@ -33,11 +34,18 @@ def plot_gradcheck(report: GradcheckReport, *, path=None):
     figure = new_figure(9.0, 1.8 + 0.38 * len(rows))
     axes = figure.add_subplot()
     places = np.arange(len(rows))[::-1]                              # the first row on top
-    axes.barh(places, norm, color=colors, alpha=0.75, height=0.6,
-              label="||a - n|| / ||n||")
-    axes.scatter(worst, places, color="black", s=18, zorder=3, label="max |a - n| / |n|")
-    axes.axvline(FINITE_DIFFERENCE.rtol, color="0.4", linestyle="--", linewidth=1.0,
-                 label=f"rtol = {FINITE_DIFFERENCE.rtol:g}")
+    from matplotlib.lines import Line2D                # present: new_figure imported it
+    from matplotlib.patches import Patch
+
+    axes.barh(places, norm, color=colors, alpha=0.75, height=0.6)
+    axes.scatter(worst, places, color="black", s=18, zorder=3)
+    axes.axvline(FINITE_DIFFERENCE.rtol, color="0.4", linestyle="--", linewidth=1.0)
+    legend = [Patch(color="0.6", alpha=0.75, label="||a - n|| / ||n|| (green: pass, red: FAIL)"),
+              Line2D([], [], color="black", marker="o", linestyle="", markersize=4,
+                     label="max |a - n| / |n|"),
+              Line2D([], [], color="0.4", linestyle="--",
+                     label=f"rtol = {FINITE_DIFFERENCE.rtol:g} (each element may also be off "
+                           f"by atol {FINITE_DIFFERENCE.atol:g} max(1, S))")]
     axes.set_xscale("log")
     low = min(norm.min(), worst.min())
     high = max(norm.max(), worst.max(), FINITE_DIFFERENCE.rtol)
@@ -57,5 +65,6 @@ def plot_gradcheck(report: GradcheckReport, *, path=None):
     axes.set_title(f"gradcheck {report.title}\n{report.mode} finite differences in float64: "
                    f"{verdict}", fontsize=9)
     axes.grid(alpha=0.3, axis="x", which="major")
-    figure.legend(fontsize=8, loc="outside lower center", ncols=3, frameon=False)
+    figure.legend(handles=legend, fontsize=8, loc="outside lower center", ncols=2,
+                  frameon=False)
     return finish(figure, path)

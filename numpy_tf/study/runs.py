@@ -48,17 +48,20 @@ def _history(history) -> dict[str, np.ndarray]:
 
 
 def smoothed(values: np.ndarray, window: int) -> np.ndarray:
-    """The mean of each value and the window - 1 before it (fewer at the start)."""
-    sums = np.cumsum(np.concatenate([[0.0], values]))
-    ends = np.arange(1, len(values) + 1)
-    starts = np.maximum(0, ends - window)
+    """The mean of the `window` values centred on each one (fewer at the two ends), so the
+    curve does not lag behind the values it summarises."""
+    sums = np.concatenate([[0.0], np.cumsum(values)])
+    index = np.arange(len(values))
+    starts = np.maximum(0, index - window // 2)
+    ends = np.minimum(len(values), index - window // 2 + window)
     return (sums[ends] - sums[starts]) / (ends - starts)
 
 
 def plot_loss(history, *, path=None, title: str = "training run"):
-    """The training loss at every step (thin), its running mean, and the held-out loss at the
-    evaluation steps, against the step. `history`: read_history's dict, a history.csv or a run
-    folder. Returns the Figure (one axes); saves it to `path` if given (.png or .svg)."""
+    """The training loss at every step (thin), its centred running mean, and the held-out loss
+    at the evaluation steps, against the step. `history`: read_history's dict, a history.csv
+    or a run folder. Returns the Figure (one axes); saves it to `path` if given (.png or
+    .svg)."""
     path = check_path(path)
     history = _history(history)
     steps, loss = history["step"], history["loss"]
@@ -69,7 +72,7 @@ def plot_loss(history, *, path=None, title: str = "training run"):
               label="training batch" if window > 1 else "training")
     if window > 1:
         axes.plot(steps, smoothed(loss, window), color="tab:blue", linewidth=1.8,
-                  label=f"training, mean of {window} steps")
+                  label=f"training, mean of {window} steps around each")
     held_out = history.get("eval_loss")
     if held_out is not None and np.isfinite(held_out).any():
         kept = np.isfinite(held_out)
