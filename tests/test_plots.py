@@ -193,7 +193,7 @@ def test_a_long_run_adds_its_running_mean():
     mean = figure.axes[0].get_lines()[1].get_ydata()
     assert mean[0] == pytest.approx(loss[:2].mean())                # steps 1, 2 (at the start)
     assert mean[50] == pytest.approx(loss[48:52].mean())            # steps 49 .. 52
-    assert mean[-1] == pytest.approx(loss[-2:].mean())
+    assert mean[-1] == pytest.approx(loss[-3:].mean())             # 98 .. 100 (at the end)
 
 
 def test_norms_plot_one_line_per_group(run, tmp_path):
