@@ -392,15 +392,12 @@ def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypa
 
 def test_smollm2_attention_through_generate_and_plot(smollm2, tmp_path, capsys, monkeypatch):
     """generate --save-attention FILE.npz keeps every layer and the tokens; plot draws them.
-    The model is the session's SmolLM2 (loaded once for every test that needs it)."""
-    from numpy_tf import interop
+    The weights are the session's SmolLM2 (read once for every test that needs them): the
+    command builds its model from them as always, without reading the file again."""
     from numpy_tf.interop import pretrained
-    from numpy_tf.text.gguf_tokenizer import GGUFTokenizer
 
-    config, state, tokenizer_data = smollm2
-    model = interop.from_hf(config, state, dtype=np.float32)
-    monkeypatch.setattr(pretrained, "load_smollm2", lambda dtype, cache_dir=None: (
-        model, GGUFTokenizer.from_data(tokenizer_data)))
+    monkeypatch.setattr(pretrained, "load_gguf", lambda *args, **kwargs: smollm2)
+    monkeypatch.setattr(pretrained, "fetch_smollm2", lambda *args, **kwargs: None)
     assert _main("generate", "--prompt", "The capital of France is", "--tokens", "2",
                  "--save-attention", str(tmp_path / "a.npz")) == 0
     assert "every layer's attention probabilities and the tokens" in capsys.readouterr().err
