@@ -374,6 +374,9 @@ def test_train_writes_its_loss_plot_and_plot_reads_its_checkpoint(tmp_path, caps
     assert _main("plot", "attention", str(out / "checkpoint.npz"), "-o",
                  str(tmp_path / "a.png")) == 2
     assert "give the text to look at with --prompt" in capsys.readouterr().err
+    assert _main("plot", "attention", str(out / "checkpoint.npz"), "--prompt", "x" * 9,
+                 "-o", str(tmp_path / "a.png")) == 2
+    assert "9 tokens, more than the model's max_context = 8" in capsys.readouterr().err
 
 
 def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypatch):

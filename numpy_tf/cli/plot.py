@@ -65,8 +65,11 @@ def _checkpoint_maps(arrays: dict, path: str, prompt: str | None):
     tokenizer = ByteTokenizer.from_arrays(arrays)
     ids = tokenizer.encode(prompt)[None, :]
     limit = getattr(checkpoint.model.config, "max_context", None)
-    if ids.shape[1] == 0 or (limit is not None and ids.shape[1] > limit):
-        raise ValueError(f"--prompt must have 1 to {limit} tokens; it has {ids.shape[1]}")
+    if ids.shape[1] == 0:
+        raise ValueError("--prompt must not be empty")
+    if limit is not None and ids.shape[1] > limit:
+        raise ValueError(f"--prompt has {ids.shape[1]} tokens, more than the model's "
+                         f"max_context = {limit}")
     _, cache = checkpoint.model.forward(np.asarray(ids))
     return attention_maps(cache), [tokenizer.decode([int(t)]) for t in ids[0]]
 
