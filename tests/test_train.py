@@ -115,3 +115,49 @@ def test_progress_line():
                          12345.6, 75.2)
     assert line == ("step    30/100  loss 1.2346  lr 1.00e-03  12,346 tok/s  1:16 left"
                     "  eval 1.5000")
+
+
+def test_parameter_groups_are_the_blocks_and_the_other_modules():
+    from numpy_tf.models.encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
+    from numpy_tf.training.trainer import parameter_groups
+
+    groups = parameter_groups(GPT(CONFIG))
+    assert list(groups) == ["tokens", "positions", "blocks.0", "final_norm"]
+    assert groups["blocks.0"][0] == "blocks.0.norm1.weight" and len(groups["blocks.0"]) == 12
+    seq2seq = Seq2Seq(Seq2SeqConfig(src_vocab_size=5, tgt_vocab_size=5, d_model=8, nhead=2,
+                                    num_encoder_layers=2, num_decoder_layers=1,
+                                    dim_feedforward=8, dropout=0.0))
+    assert list(parameter_groups(seq2seq)) == [
+        "src_embedding", "tgt_embedding", "transformer.encoder.layers.0",
+        "transformer.encoder.layers.1", "transformer.encoder.norm",
+        "transformer.decoder.layers.0", "transformer.decoder.norm", "output"]
+
+
+def test_history_holds_each_groups_gradient_and_update_norm(tmp_path):
+    """Measured apart from the Trainer: the gradient of one step's batch through a fresh copy
+    of the model, and the parameters before and after the step."""
+    trainer = _trainer()
+    twin = _trainer()                                   # the same model and batches
+    before = {name: value.copy() for name, value in trainer.model.state_dict().items()}
+    batch = twin.sample_batch(twin.rng)
+    loss, cache = twin.objective.forward(*batch)
+    twin.objective.backward(1.0, cache)
+    trainer.run(1, log=lambda line: None)
+    row = trainer.history[0]
+    assert row["loss"] == float(loss)
+    after = trainer.model.state_dict()
+    for group in ("tokens", "positions", "blocks.0", "final_norm"):
+        names = [n for n, _ in twin.model.named_parameters() if n == group or
+                 n.startswith(group + ".")]
+        grads = [dict(twin.model.named_parameters())[n].grad for n in names]
+        assert row[f"grad_norm:{group}"] == pytest.approx(
+            np.sqrt(sum(np.sum(g ** 2) for g in grads)), rel=1e-12)
+        moved = np.sqrt(sum(np.sum((after[n] - before[n]) ** 2) for n in names))
+        assert moved > 0 and row[f"update_norm:{group}"] == pytest.approx(moved, rel=1e-12)
+    groups = [row[key] for key in row if key.startswith("grad_norm:")]
+    assert row["grad_norm"] == pytest.approx(np.sqrt(np.sum(np.square(groups))), rel=1e-12)
+    trainer.write_history(tmp_path / "h.csv")
+    header = next(csv.reader(open(tmp_path / "h.csv")))
+    assert header[:7] == ["step", "loss", "lr", "grad_norm", "tokens", "seconds", "eval_loss"]
+    assert header[7:] == [f"{kind}:{group}" for kind in ("grad_norm", "update_norm")
+                          for group in ("tokens", "positions", "blocks.0", "final_norm")]

@@ -23,6 +23,8 @@
         the exact parameter count of a config, per component, without building the model
     numpy-tf generate --model smollm2-135m --prompt TEXT ...
         continue a prompt with a real pretrained model
+    numpy-tf plot KIND ... -o PICTURE.png|svg
+        attention, loss, norms, sinusoidal, rope, activations, gradcheck (see plot.py)
 
 Models are named as everywhere in numpy_tf (numpy_tf.models.registry): a preset (tiny-gpt,
 char-gpt, gpt2-tiny, gpt2, llama-tiny, smollm2-135m, llama-2-7b, bert-tiny, bert-base-uncased,
@@ -41,6 +43,7 @@ from pathlib import Path
 from .. import __version__
 from ..core.table import format_table
 from ..models import registry
+from .plot import add_plot_parser, loss_plot_line
 
 
 def _format_error(value: float) -> str:
@@ -173,6 +176,7 @@ def train_reverse_digits(args, config) -> int:
     started = time.perf_counter()
     trainer.run()
     trainer.write_history(out / "history.csv")
+    print(loss_plot_line(out))
     accuracy = exact_match(trainer.model, trainer.held_out)
     print(f"loss {trainer.history[0]['loss']:.3f} -> {trainer.history[-1]['loss']:.4f} in "
           f"{time.perf_counter() - started:.0f} s; exact match on {len(trainer.held_out.source)}"
@@ -248,6 +252,7 @@ def train(args) -> int:
     print(f"loss {first:.3f} -> {last:.3f}" + (f", held-out {evals[-1]:.3f}" if evals else "")
           + f" in {time.perf_counter() - started:.0f} s; checkpoint {out / 'checkpoint.npz'}, "
           f"history {out / 'history.csv'}")
+    print(loss_plot_line(out))
     prompt = tokenizer.encode(args.prompt)[None, :]
     sample = generate(trainer.model, prompt, args.sample_tokens, rng=np.random.default_rng(
         args.seed), temperature=0.8, slide=True)
@@ -553,13 +558,17 @@ def generate_command(args) -> int:
     import numpy as np
 
     from ..generation.decoding import check_sampling, generate
-    from ..study.attention import attention_maps, format_attention
+    from ..study.attention import attention_maps, format_attention, save_attention
 
     try:
         check_sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as error:
         raise UserError(str(error)) from None
     layer, head = _attention_choice(args.attention)
+    every_layer = bool(args.save_attention) and args.save_attention.endswith(".npz")
+    if args.save_attention and not every_layer and layer is None:
+        raise UserError("--save-attention FILE.npy saves the layer given with --attention "
+                        "LAYER; give one, or save every layer and the tokens to a .npz")
     started = time.perf_counter()
     model, tokenizer = _load_pretrained(args.model, "--model", args.dtype, args.cache_dir)
     loaded = time.perf_counter() - started
@@ -579,13 +588,17 @@ def generate_command(args) -> int:
     print(("" if args.chat else args.prompt) + tokenizer.decode(new, skip_special=True))
     print(f"[{len(new)} tokens in {seconds:.2f} s, {len(new) / seconds:.1f} tokens/s with the KV "
           f"cache ({args.dtype}); model loaded in {loaded:.1f} s]", file=sys.stderr)
+    if every_layer or layer is not None:
+        maps = attention_maps(model.forward(tokens)[1])
+    if every_layer:
+        save_attention(args.save_attention, maps, [tokenizer.decode([t]) for t in tokens[0]])
+        print(f"[every layer's attention probabilities and the tokens saved to "
+              f"{args.save_attention}; draw them with numpy-tf plot attention]", file=sys.stderr)
     if layer is not None:
-        _, cache = model.forward(tokens)
-        maps = attention_maps(cache)
         if not 0 <= layer < len(maps):
             raise UserError(f"--attention layer must be in [0, {len(maps)}); got {layer}")
         probs = maps[layer][0]                                           # (H, T, T)
-        if args.save_attention:
+        if args.save_attention and not every_layer:
             np.save(args.save_attention, probs, allow_pickle=False)
             print(f"[layer {layer} attention probabilities {probs.shape} saved to "
                   f"{args.save_attention}]", file=sys.stderr)
@@ -698,11 +711,14 @@ def main(argv=None) -> int:
     generate_parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     generate_parser.add_argument("--attention", metavar="LAYER[:HEAD]",
                                  help="print where each token looked in this layer (and head)")
-    generate_parser.add_argument("--save-attention", metavar="FILE.npy",
-                                 help="save that layer's probabilities (H, T, T) as .npy")
+    generate_parser.add_argument("--save-attention", metavar="FILE",
+                                 help="FILE.npz: every layer's probabilities and the tokens "
+                                      "(for numpy-tf plot attention); FILE.npy: the --attention "
+                                      "layer's (H, T, T)")
     generate_parser.add_argument("--cache-dir", default=None,
                                  help="where the wheel is kept (default ~/.cache/numpy_tf)")
     generate_parser.set_defaults(run=generate_command)
+    add_plot_parser(commands)
 
     args = parser.parse_args(argv)
     try:

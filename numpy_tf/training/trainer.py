@@ -6,6 +6,11 @@ finite, zero the gradients, backward, stop if any gradient is not finite, clip t
 set the learning rate of the schedule (linear warm-up, then cosine), optimizer step. A stop
 raises TrainingStopped before anything is saved, so the last good checkpoint stays intact.
 
+Each history row also holds, per group of parameters (one group per block, e.g. "blocks.0";
+one per other module, e.g. "tokens", "final_norm"), the norm of the group's gradient before
+clipping, "grad_norm:<group>", and of the update the step applied to it, ||p_after -
+p_before||, "update_norm:<group>": where a run's learning happens, layer by layer.
+
 Everything random comes from the Trainer's Generator, whose state the checkpoint holds: 10
 steps straight and 5 steps, save, load, 5 steps give bit-identical parameters.
 """
@@ -56,6 +61,28 @@ def make_optimizer(model: Module, settings: TrainSettings) -> Optimizer:
                  betas=settings.betas)
 
 
+def parameter_groups(model: Module) -> dict[str, list[str]]:
+    """{group: [parameter names]}, in the model's order. A name with a numbered part belongs to
+    the block it numbers ("blocks.0.attention.qkv.weight" -> "blocks.0",
+    "transformer.encoder.layers.1.linear1.bias" -> "transformer.encoder.layers.1"); any other
+    name to its module ("final_norm.weight" -> "final_norm")."""
+    groups: dict[str, list[str]] = {}
+    for name, _ in model.named_parameters():
+        parts = name.split(".")
+        numbered = [i for i, part in enumerate(parts) if part.isdigit()]
+        group = ".".join(parts[:numbered[0] + 1] if numbered else parts[:-1] or parts)
+        groups.setdefault(group, []).append(name)
+    return groups
+
+
+def _group_norms(prefix: str, arrays: dict[str, np.ndarray],
+                 groups: dict[str, list[str]]) -> dict[str, float]:
+    """{prefix + group: the 2-norm of the group's arrays together}, summed in float64."""
+    return {prefix + group: math.sqrt(sum(float(np.sum(np.square(arrays[name], dtype=np.float64)))
+                                          for name in names))
+            for group, names in groups.items()}
+
+
 class Trainer:
     """Trains `objective` (a Module whose forward(*batch) returns (loss, cache) and whose
     `.model` is the model) on batches from `sample_batch(rng)`."""
@@ -75,6 +102,7 @@ class Trainer:
         self.rng = rng or np.random.default_rng(settings.seed)
         self.step = step
         self.history: list[dict] = []
+        self.groups = parameter_groups(self.model)
 
     # -- one step -------------------------------------------------------------------------------
     def learning_rate(self, step: int) -> float:
@@ -94,6 +122,10 @@ class Trainer:
             bad = [name for name, p in self.model.named_parameters()
                    if not np.all(np.isfinite(p.grad))]
             self._stop(f"the gradient of {', '.join(bad[:3])} is not finite")
+        named = dict(self.model.named_parameters())
+        grad_norms = _group_norms("grad_norm:", {n: p.grad for n, p in named.items()},
+                                  self.groups)
+        before = {name: p.data.copy() for name, p in named.items()}
         norm = clip_grad_norm(parameters, self.settings.clip) if self.settings.clip else \
             float("nan")
         lr = self.learning_rate(self.step)
@@ -101,9 +133,11 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.step()
         self.step += 1
+        updates = {name: p.data - before[name] for name, p in named.items()}
         tokens = int(np.prod(np.shape(batch[0])))
         return {"step": self.step, "loss": float(loss), "lr": lr, "grad_norm": float(norm),
-                "tokens": tokens}
+                "tokens": tokens, **grad_norms,
+                **_group_norms("update_norm:", updates, self.groups)}
 
     def _stop(self, what: str):
         where = (f"the last good checkpoint, {self.checkpoint_path} (step "
@@ -174,8 +208,11 @@ class Trainer:
         return trainer
 
     def write_history(self, path) -> None:
-        """The loss history as CSV: step, loss, lr, grad_norm, tokens, seconds, eval_loss."""
+        """The loss history as CSV: step, loss, lr, grad_norm, tokens, seconds, eval_loss, then
+        grad_norm:<group> and update_norm:<group> for every parameter group."""
         columns = ["step", "loss", "lr", "grad_norm", "tokens", "seconds", "eval_loss"]
+        columns += [f"{kind}:{group}" for kind in ("grad_norm", "update_norm")
+                    for group in self.groups]
         with open(path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, columns)
             writer.writeheader()
