@@ -109,7 +109,8 @@ def test_statistics_before_the_first_visible_key_are_minus_inf_and_zero():
     k = np.ones((1, 1, 4, 2))
     padding = np.array([[True, True, False, False]])
     statistics = flash_attention_statistics(q, k, key_padding_mask=padding, block_k=2)
-    assert np.all(np.isneginf(statistics.row_max[..., 0])) and np.all(statistics.row_sum[..., 0] == 0)
+    assert np.all(np.isneginf(statistics.row_max[..., 0]))
+    assert np.all(statistics.row_sum[..., 0] == 0)
     np.testing.assert_allclose(statistics.row_sum[..., 1], 2.0, rtol=1e-15)
 
 
@@ -226,3 +227,65 @@ def test_bad_input():
         flash_attention_forward(np.zeros((1, 3, 3, 4)), q, q)
     with pytest.raises(ValueError, match="causal_offset must be >= 0"):
         flash_decoding(q, q, q, is_causal=True, causal_offset=-1)
+
+
+# -- the case file with per-tile statistics ---------------------------------------------------
+def test_the_flash_case_holds_the_tile_statistics_and_compares_tile_by_tile(tmp_path):
+    from numpy_tf.checking.case_file import Case
+    from numpy_tf.checking.compare import compare_files
+    from numpy_tf.checking.flash_case import export_flash_attention_case
+
+    case = export_flash_attention_case(seed=3, block_q=2, block_k=3)
+    path = tmp_path / "flash.npz"
+    case.save(path)
+    loaded = Case.load(path)
+    a = loaded.arrays
+    assert a["act/tiles.row_max"].shape == (2, 4, 5, 3)          # Tk = 7 in tiles of 3
+    last = a["act/tiles.row_max"][..., -1] + np.log(a["act/tiles.row_sum"][..., -1])
+    np.testing.assert_allclose(last, a["act/logsumexp"], rtol=1e-14)
+    plain, cache = attention_forward(a["input/q"], a["input/k"], a["input/v"],
+                                     key_padding_mask=a["input/key_padding_mask"],
+                                     is_causal=True, causal_offset=2)
+    assert_equal_within(a["output/out"], plain)
+    expected = attention_backward(a["grad_output/out"], cache)
+    for name, want in zip("qkv", expected):
+        assert_equal_within(a[f"grad_input/{name}"], want, max(np.abs(g).max() for g in expected))
+    assert compare_files(path, path).passed
+    # a kernel that forgets to rescale l when m grows shows at the statistic, before the output
+    theirs = dict(a)
+    m, l_ = a["act/tiles.row_max"], a["act/tiles.row_sum"]
+    assert np.isfinite(m).all()                           # every row sees key 0
+    wrong = l_.copy()                                     # l_t = l_(t-1) + rowsum exp(S_t - m_t)
+    for t in range(1, m.shape[-1]):
+        wrong[..., t] = wrong[..., t - 1] + l_[..., t] - l_[..., t - 1] * np.exp(
+            m[..., t - 1] - m[..., t])
+    assert np.abs(wrong - l_).max() > 1e-3
+    theirs["act/tiles.row_sum"] = wrong
+    Case(loaded.meta, theirs).save(tmp_path / "theirs.npz")
+    result = compare_files(path, tmp_path / "theirs.npz")
+    assert result.first_divergence.comparison.key == "act/tiles.row_sum"
+
+
+def test_infinite_statistics_compare_equal_and_only_equal(tmp_path):
+    """Leading padding leaves m = -inf after the first tile: compare treats equal infinities
+    as agreeing (their difference is NaN) and a finite stand-in for -inf as a divergence."""
+    from numpy_tf.checking.compare import compare_files
+    from numpy_tf.checking.flash_case import export_flash_attention_case
+
+    case = export_flash_attention_case(seed=1, block_k=2, pad=0)
+    padding = np.zeros((2, 7), dtype=bool)
+    padding[:, :2] = True
+    statistics = flash_attention_statistics(case.arrays["input/q"], case.arrays["input/k"],
+                                            key_padding_mask=padding, is_causal=True,
+                                            causal_offset=2, block_k=2)
+    case.arrays["act/tiles.row_max"] = statistics.row_max
+    assert np.isneginf(statistics.row_max[..., 0]).all()
+    case.save(tmp_path / "ours.npz")
+    assert compare_files(tmp_path / "ours.npz", tmp_path / "ours.npz").passed
+    case.arrays["act/tiles.row_max"] = np.where(np.isneginf(statistics.row_max), -1e30,
+                                                statistics.row_max)
+    case.save(tmp_path / "theirs.npz")
+    result = compare_files(tmp_path / "ours.npz", tmp_path / "theirs.npz")
+    assert result.first_divergence.comparison.key == "act/tiles.row_max"
+    assert [row.comparison.key for row in result.rows if not row.comparison.passed] == \
+        ["act/tiles.row_max"]

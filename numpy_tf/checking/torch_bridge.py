@@ -79,13 +79,14 @@ LOSSES: dict[str, Callable] = {"next_token_cross_entropy": _next_token_loss,
                                "masked_lm_cross_entropy": _masked_lm_loss}
 
 
-def _parameter_map(params, case_params: Mapping[str, np.ndarray], named: dict) -> dict:
-    """{numpy_tf name: (torch name, transposed)}, checked both ways."""
+def parameter_map(params, case_params: Mapping[str, np.ndarray], named: dict) -> dict:
+    """{numpy_tf name: (their name, transposed)}, checked both ways; `named` = {their name:
+    parameter} (torch's named_parameters, or the leaves of a JAX pytree: jax_bridge)."""
     if params is None:
         mapping = {name: (name, False) for name in case_params if name in named}
         if not mapping:
             raise ValueError("no parameter name of the case matches the module's; pass params="
-                             "{numpy_tf name: torch name}")
+                             "{numpy_tf name: the module's name for it}")
     else:
         mapping = {ours: (theirs, False) if isinstance(theirs, str) else
                    (theirs[0], bool(theirs[1])) for ours, theirs in params.items()}
@@ -153,7 +154,7 @@ def run_torch(module, case_path, out_path=None, *,
     module.to(dtype).eval()
     named = dict(module.named_parameters(remove_duplicate=False))
     case_params = case.section("param")
-    mapping = _parameter_map(params, case_params, named)
+    mapping = parameter_map(params, case_params, named)
     with torch.no_grad():
         for ours, (theirs, transposed) in mapping.items():
             value = case_params[ours].T if transposed else case_params[ours]

@@ -201,6 +201,15 @@ def flash_attention_backward(dout: np.ndarray, cache: FlashAttentionCache):
     return dq, dk, dv
 
 
+def _scale_and_masks(q, k, attn_mask, key_padding_mask, is_causal, causal_offset, scale):
+    """(shape (B, H, Tq, Tk), scale, blocked, bias) as flash_attention_forward sets them."""
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    blocked, bias = attention_masks(shape, q.dtype, attn_mask, key_padding_mask, is_causal,
+                                    causal_offset)
+    return shape, scale, blocked, bias
+
+
 class FlashDecoding(NamedTuple):
     out: np.ndarray             # (B, H, Tq, dv) the combined output, equal to attention's
     chunk_out: np.ndarray       # (C, B, H, Tq, dv) O_c, each chunk's normalised output
@@ -228,12 +237,9 @@ def flash_decoding(q, k, v, attn_mask=None, key_padding_mask=None, is_causal: bo
     Masks and arguments as flash_attention_forward."""
     check_qkv(q, k, v)
     chunk_size = _block_size("chunk_size", chunk_size)
-    batch, heads, tq, width = q.shape
-    tk = k.shape[2]
-    scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
-    shape = (batch, heads, tq, tk)
-    blocked, bias = attention_masks(shape, q.dtype, attn_mask, key_padding_mask, is_causal,
-                                    causal_offset)
+    tq, tk, heads = q.shape[2], k.shape[2], q.shape[1]
+    shape, scale, blocked, bias = _scale_and_masks(q, k, attn_mask, key_padding_mask,
+                                                   is_causal, causal_offset, scale)
     k_heads, v_heads = _heads(k, heads), _heads(v, heads)              # (B, H, Tk, d | dv)
     every_query = slice(0, tq)
     outs, maxes, sums = [], [], []
@@ -281,14 +287,11 @@ def flash_attention_statistics(q, k, attn_mask=None, key_padding_mask=None,
     logarithms (a kernel working in base 2, with log2(e) folded into its scale, holds
     m log2(e)). They do not depend on block_q; a tile the causal forward skips leaves them
     as they were (its keys are blocked)."""
-    check_qkv(q, k, k)
+    check_qkv(q, k, k)                                  # the statistics need no values
     block_k = _block_size("block_k", block_k)
-    batch, heads, tq, width = q.shape
-    tk = k.shape[2]
-    scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
-    shape = (batch, heads, tq, tk)
-    blocked, bias = attention_masks(shape, q.dtype, attn_mask, key_padding_mask, is_causal,
-                                    causal_offset)
+    tq, tk, heads = q.shape[2], k.shape[2], q.shape[1]
+    shape, scale, blocked, bias = _scale_and_masks(q, k, attn_mask, key_padding_mask,
+                                                   is_causal, causal_offset, scale)
     every = (slice(0, tq), slice(0, tk))
     scores = _tile_scores(q, _heads(k, heads), blocked, bias, shape, *every, scale)
     maxes, sums = [], []
