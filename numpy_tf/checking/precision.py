@@ -164,6 +164,14 @@ class rounding_every_module:
         self._before.clear()
 
 
+def _case_model(case: Case, dtype: np.dtype) -> tuple[Module, Module]:
+    """(model, objective) of a case written by export_case, built from its meta in `dtype`
+    (weights still to be loaded)."""
+    entry = model_export(case.meta["model"])
+    network = entry.build(case.meta["config"], dtype)
+    return network, entry.objective(network)
+
+
 def emulate(case: Case, fmt: Format, seed: int = 0) -> dict[str, np.ndarray]:
     """The case's model run in float32 with every value rounded to `fmt` (see the module
     text): {key: array} under the case's keys (param/, input/, act/, output/logits, loss,
@@ -173,13 +181,11 @@ def emulate(case: Case, fmt: Format, seed: int = 0) -> dict[str, np.ndarray]:
         raise ValueError("the precision budget reruns the reference case's model from its meta "
                          "(model, config): give a case written by `numpy-tf export`; this one "
                          f"has kind {case.meta.get('kind')!r}, level {case.meta.get('level')!r}")
-    entry = model_export(model)
-    network = entry.build(case.meta["config"], np.dtype(np.float32))
+    network, objective = _case_model(case, np.dtype(np.float32))
     to_format = _rounder(fmt, seed)
     params = {name: to_format(value) for name, value in case.section("param").items()}
     network.load_state_dict(params)
     inputs = {name: to_format(value) for name, value in case.section("input").items()}
-    objective = entry.objective(network)
     # the recorder sees each output after it is rounded, and each gradient as its module
     # receives it (rounded): forward rounding inside the recorder, backward rounding outside
     with rounding_every_module(network, to_format, ["forward"]), \
