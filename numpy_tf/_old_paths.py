@@ -5,6 +5,9 @@ holds that code, so `import numpy_tf.norm` and `numpy_tf.layers.norm` are one mo
 `numpy_tf.gradcheck`, `numpy_tf.feedforward` and `numpy_tf.generate` are not here: those names
 are the functions the package exports (the modules are numpy_tf.checking.finite_differences,
 numpy_tf.layers.mlp and numpy_tf.generation.decoding).
+
+`numpy_tf.jax_bridge` (numpy_tf.checking.jax_bridge) is here too, though newer than that
+layout: the JAX bridge sits at the short path of its torch counterpart.
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ OLD_PATHS = {
     "dropout": "layers.dropout", "embedding": "layers.embedding",
     "explain": "teaching.explain", "export": "checking.export",
     "gguf_tokenizer": "text.gguf_tokenizer", "gpt": "models.gpt", "grading": "teaching.grading",
-    "interop_bert": "interop.hf_bert", "layer_inputs": "teaching.layer_inputs",
+    "interop_bert": "interop.hf_bert", "jax_bridge": "checking.jax_bridge",
+    "layer_inputs": "teaching.layer_inputs",
     "layers_registry": "teaching.layer_table", "layout": "interop.layout",
     "linear": "layers.linear", "llama": "models.llama", "loss": "layers.cross_entropy_loss",
     "multihead": "layers.multihead", "norm": "layers.norm", "npz": "core.npz",

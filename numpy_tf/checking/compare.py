@@ -20,7 +20,10 @@ The first divergence is searched in this order, which follows the computation:
 
 so the named tensor is the earliest computation whose result disagrees: everything it read
 agreed, and it is the place to look. Keys found in one file only are listed, not failed (an
-implementation need not expose every activation).
+implementation need not expose every activation). When a known convention of another framework
+explains the first divergence (JAX's float32 softmax, the mean of v that JAX gives a fully
+masked row: numpy_tf.checking.conventions), the report says so instead of blaming it; the
+comparison still does not pass.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from ..core.npz import from_json_array, load_npz
 from ..core.table import format_table
 from ..core.tolerances import Tolerance, torch_tolerance
 from .case_file import Case
+from .conventions import Explanation, explain_first_divergence
 from .fixtures import TensorComparison, compare_arrays
 
 SEARCH_ORDER = ("input", "param", "act", "output", "loss", "grad_output", "grad_act",
@@ -72,6 +76,7 @@ class Comparison:
     rows: list[Row] = field(default_factory=list)      # in SEARCH_ORDER
     only_reference: list[str] = field(default_factory=list)
     only_theirs: list[str] = field(default_factory=list)
+    explanation: Explanation | None = None              # of the first divergence, if known
 
     @property
     def first_divergence(self) -> Row | None:
@@ -87,6 +92,8 @@ class Comparison:
                 "level": self.level, "rtol": self.tolerance.rtol, "atol": self.tolerance.atol,
                 "passed": self.passed,
                 "first_divergence": None if first is None else first.comparison.key,
+                "explanation": None if self.explanation is None else
+                self.explanation.to_dict(),
                 "tensors": [row.to_dict() for row in self.rows],
                 "only_in_reference": self.only_reference, "only_in_theirs": self.only_theirs}
 
@@ -100,25 +107,35 @@ class Comparison:
             c = row.comparison
             shape = str(row.reference_shape) if row.reference_shape == row.their_shape else \
                 f"{row.reference_shape} vs {row.their_shape}"
+            verdict = "ok" if c.passed else "DIVERGES"
+            if row is self.first_divergence and self.explanation is not None:
+                verdict = f"differs: explained ({self.explanation.convention})"
             table.append((c.key, shape, f"{c.max_abs_error:.1e}", f"{c.max_rel_error:.1e}",
-                          "-" if c.worst_index is None else str(c.worst_index),
-                          "ok" if c.passed else "DIVERGES"))
+                          "-" if c.worst_index is None else str(c.worst_index), verdict))
         lines.append(format_table(("tensor", "shape", "max abs err", "max rel err",
                                    "worst index", "verdict"), table))
-        for label, keys in (("only in the reference", self.only_reference),
-                            ("only in theirs", self.only_theirs)):
-            if keys:
-                lines.append(f"{label} ({len(keys)}): {', '.join(keys)}")
+        lines += one_sided_lines(self.only_reference, self.only_theirs)
         first = self.first_divergence
         if first is None:
             lines.append("every shared tensor agrees")
         else:
             failed = sum(not row.comparison.passed for row in self.rows)
-            lines.append(f"first divergence: {first.comparison.key} (max abs error "
-                         f"{first.comparison.max_abs_error:.1e} at {first.comparison.worst_index})"
-                         f": everything before it agrees, so look here first; {failed} of "
-                         f"{len(self.rows)} tensors diverge")
+            where = (f"first divergence: {first.comparison.key} (max abs error "
+                     f"{first.comparison.max_abs_error:.1e} at {first.comparison.worst_index})")
+            if self.explanation is None:
+                lines.append(f"{where}: everything before it agrees, so look here first; "
+                             f"{failed} of {len(self.rows)} tensors diverge")
+            else:
+                lines.append(f"{where}: everything before it agrees, and a known convention, "
+                             f"not a bug, explains it ({self.explanation.convention}): "
+                             f"{self.explanation.text}. {failed} of {len(self.rows)} tensors "
+                             "differ")
         return "\n".join(lines)
+
+
+def one_sided_lines(only_reference: list[str], only_theirs: list[str]) -> list[str]:
+    return [f"{label} ({len(keys)}): {', '.join(keys)}" for label, keys in
+            (("only in the reference", only_reference), ("only in theirs", only_theirs)) if keys]
 
 
 def _read(path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -134,6 +151,12 @@ def _search_key(key: str, position: int) -> tuple:
     return rank, position
 
 
+def search_order(keys: list[str], reference_keys: list[str]) -> list[str]:
+    """`keys` in the order the first divergence is searched: by section (SEARCH_ORDER), then
+    by position in the reference file."""
+    return sorted(keys, key=lambda key: _search_key(key, reference_keys.index(key)))
+
+
 def _dtype(*array_sets: dict[str, np.ndarray]) -> str:
     floats = {a.dtype for arrays in array_sets for a in arrays.values() if a.dtype.kind == "f"}
     return "float32" if np.dtype(np.float32) in floats or not floats else "float64"
@@ -145,17 +168,18 @@ def compare_files(reference, theirs, level: str | None = None) -> Comparison:
         missing = reference if not Path(reference).is_file() else theirs
         raise FileNotFoundError(f"no such case file: {missing}")
     reference_case = Case.load(reference)
-    _, their_arrays = _read(theirs)
+    their_meta, their_arrays = _read(theirs)
     reference_arrays = reference_case.arrays
     level = level or reference_case.meta.get("level", "model")
     dtype = _dtype(reference_arrays, their_arrays)
     tolerance = torch_tolerance(dtype, level)
-    shared = sorted((key for key in reference_arrays if key in their_arrays),
-                    key=lambda key: _search_key(key, list(reference_arrays).index(key)))
+    shared = search_order([key for key in reference_arrays if key in their_arrays],
+                          list(reference_arrays))
     scales: dict[str, float] = {}
     for key in shared:
         group = GROUPS.get(section(key), "other")
-        value = np.abs(reference_arrays[key].astype(np.float64)).max(initial=0.0)
+        magnitude = np.abs(reference_arrays[key].astype(np.float64))
+        value = magnitude[np.isfinite(magnitude)].max(initial=0.0)     # -inf: a row max
         scales[group] = max(scales.get(group, 0.0), float(value))
     result = Comparison(str(reference), str(theirs), dtype, level, tolerance)
     for key in shared:
@@ -168,4 +192,7 @@ def compare_files(reference, theirs, level: str | None = None) -> Comparison:
     if not shared:
         raise ValueError(f"{reference} and {theirs} share no tensor names; is {theirs} a case "
                          "file written for this reference (param/..., act/..., grad/...)?")
+    result.explanation = explain_first_divergence(
+        result.rows, reference_case.meta, reference_arrays, their_meta, their_arrays, dtype,
+        tolerance, lambda key: scales[GROUPS.get(section(key), "other")])
     return result

@@ -355,12 +355,15 @@ def compare_arrays(key: str, ours: np.ndarray, theirs: np.ndarray, tolerance: To
         return TensorComparison(key, float("inf"), float("inf"), None, False)
     if theirs.size == 0:
         return TensorComparison(key, 0.0, 0.0, None, True)
-    error = np.abs(ours.astype(np.float64) - theirs.astype(np.float64))
-    magnitude = np.abs(theirs.astype(np.float64))
-    allowed = tolerance.allowed(theirs, scale)
+    ours64, theirs64 = ours.astype(np.float64), theirs.astype(np.float64)
+    with np.errstate(invalid="ignore"):         # inf - inf: equal infinities agree
+        error = np.where(ours64 == theirs64, 0.0, np.abs(ours64 - theirs64))
+    magnitude = np.abs(theirs64)
+    finite = np.isfinite(theirs)                # an infinite reference allows no error
+    allowed = tolerance.allowed(np.where(finite, theirs, 0.0), scale)
     excess = np.where(np.isnan(error), np.inf, error / allowed)
     worst = tuple(int(i) for i in np.unravel_index(np.argmax(excess), error.shape))
-    nonzero = magnitude > 0
+    nonzero = (magnitude > 0) & finite
     max_rel = float((error[nonzero] / magnitude[nonzero]).max(initial=0.0))
     max_abs = float("nan") if np.isnan(error).all() else float(np.nanmax(error))
     return TensorComparison(key, max_abs, max_rel, worst, bool((error <= allowed).all()))

@@ -8,7 +8,7 @@ compares a torch model with numpy_tf number by number, down to the first activat
 differs. torch is imported inside run_torch only; numpy_tf never needs it otherwise.
 
     run_torch(module, case_path, out_path=None, *, activations=None, params=None, call=None,
-              loss_fn=None) -> Case
+              loss_fn=None, dtype=None) -> Case
 
 - The module is converted to the case's dtype, put in eval mode (no dropout), and given the
   case's parameters. `params` maps numpy_tf names to the module's parameter names,
@@ -27,6 +27,11 @@ differs. torch is imported inside run_torch only; numpy_tf never needs it otherw
   every activation of the case whose name is also a submodule of the module; a module of the
   same name must then compute the same thing (reference/gpt.py's TinyGPT names its position
   table `positions` and adds it outside; numpy_tf's `positions` returns x + P: leave it out).
+
+- `dtype` runs the module in another format than the case's: "bfloat16" or "float16" (the
+  case's weights rounded to it exactly, by numpy_tf.checking.precision, before torch sees
+  them), "float32", "float64". A bfloat16 or float16 run is written as float32 arrays holding
+  its values; judge it with `numpy-tf compare --precision bf16|fp16`.
 
 The written file holds param/, input/, act/, output/, loss, grad_act/ and grad/ (gradients
 under the numpy_tf names, transposed back where needed) and a meta naming torch's version.
@@ -79,13 +84,14 @@ LOSSES: dict[str, Callable] = {"next_token_cross_entropy": _next_token_loss,
                                "masked_lm_cross_entropy": _masked_lm_loss}
 
 
-def _parameter_map(params, case_params: Mapping[str, np.ndarray], named: dict) -> dict:
-    """{numpy_tf name: (torch name, transposed)}, checked both ways."""
+def parameter_map(params, case_params: Mapping[str, np.ndarray], named: dict) -> dict:
+    """{numpy_tf name: (their name, transposed)}, checked both ways; `named` = {their name:
+    parameter} (torch's named_parameters, or the leaves of a JAX pytree: jax_bridge)."""
     if params is None:
         mapping = {name: (name, False) for name in case_params if name in named}
         if not mapping:
             raise ValueError("no parameter name of the case matches the module's; pass params="
-                             "{numpy_tf name: torch name}")
+                             "{numpy_tf name: the module's name for it}")
     else:
         mapping = {ours: (theirs, False) if isinstance(theirs, str) else
                    (theirs[0], bool(theirs[1])) for ours, theirs in params.items()}
@@ -113,10 +119,9 @@ def _hooks(torch, module, activations, acts_in_case, acts: dict, grads: dict) ->
             while key in acts:
                 count += 1
                 key = f"{name}#{count}"
-            acts[key] = tensor.detach().cpu().numpy().copy()
+            acts[key] = _numpy(torch, tensor)
             if tensor.requires_grad:
-                tensor.register_hook(lambda g: grads.__setitem__(key, g.detach().cpu().numpy()
-                                                                 .copy()))
+                tensor.register_hook(lambda g: grads.__setitem__(key, _numpy(torch, g)))
         return hook
 
     if activations == "matching":
@@ -134,6 +139,17 @@ def _hooks(torch, module, activations, acts_in_case, acts: dict, grads: dict) ->
     return handles, dict(activations)
 
 
+def _numpy(torch, tensor) -> np.ndarray:
+    """A copy as NumPy; bfloat16 and float16 as float32 (NumPy has no bfloat16)."""
+    tensor = tensor.detach().cpu()
+    if tensor.dtype in (torch.bfloat16, torch.float16):
+        tensor = tensor.float()
+    return tensor.numpy().copy()
+
+
+LOW_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}   # torch dtype -> precision format
+
+
 def _logits(output):
     if hasattr(output, "logits"):
         return output.logits
@@ -143,17 +159,25 @@ def _logits(output):
 def run_torch(module, case_path, out_path=None, *,
               activations: Mapping[str, str] | str | None = None,
               params: Mapping | None = None, call: Callable | None = None,
-              loss_fn: Callable | None = None) -> Case:
+              loss_fn: Callable | None = None, dtype: str | None = None) -> Case:
     """Run `module` on the case at `case_path`; return (and write to `out_path`) its case.
     See the module text for every argument."""
     import torch
 
     case = Case.load(case_path)
-    dtype = {"float64": torch.float64, "float32": torch.float32}[case.meta["dtype"]]
-    module.to(dtype).eval()
+    dtype = case.meta["dtype"] if dtype is None else dtype
+    formats = {"float64": torch.float64, "float32": torch.float32,
+               "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in formats:
+        raise ValueError(f"dtype must be one of {', '.join(formats)}; got {dtype!r}")
+    module.to(formats[dtype]).eval()
     named = dict(module.named_parameters(remove_duplicate=False))
     case_params = case.section("param")
-    mapping = _parameter_map(params, case_params, named)
+    mapping = parameter_map(params, case_params, named)
+    if dtype in LOW_PRECISION:                  # exact rounding (torch rounds via float32)
+        from .precision import FORMATS
+        rounded = FORMATS[LOW_PRECISION[dtype]].round
+        case_params = {name: rounded(value) for name, value in case_params.items()}
     with torch.no_grad():
         for ours, (theirs, transposed) in mapping.items():
             value = case_params[ours].T if transposed else case_params[ours]
@@ -182,7 +206,7 @@ def run_torch(module, case_path, out_path=None, *,
     finally:
         for handle in handles:
             handle.remove()
-    numpy = lambda t: t.detach().cpu().numpy().copy()  # noqa: E731
+    numpy = lambda t: _numpy(torch, t)  # noqa: E731
     output_name = case.meta.get("outputs", ["logits"])[0]
     arrays = {f"param/{ours}": numpy(named[theirs]).T.copy() if transposed else
               numpy(named[theirs]) for ours, (theirs, transposed) in mapping.items()}
@@ -193,10 +217,10 @@ def run_torch(module, case_path, out_path=None, *,
     arrays.update({f"grad_act/{name}": value for name, value in grads.items()})
     for ours, (theirs, transposed) in mapping.items():
         grad = named[theirs].grad
-        grad = np.zeros_like(case_params[ours]) if grad is None else numpy(grad)
+        grad = np.zeros_like(numpy(named[theirs])) if grad is None else numpy(grad)
         arrays[f"grad/{ours}"] = grad.T.copy() if transposed else grad
     meta = {"generator": "numpy_tf.torch_bridge.run_torch", "torch": torch.__version__,
-            "module": type(module).__name__, "dtype": case.meta["dtype"], "kind": case.kind,
+            "module": type(module).__name__, "dtype": dtype, "kind": case.kind,
             "level": case.meta.get("level", "model"), "source_case": str(case_path),
             "inputs": case.meta.get("inputs", []), "activations": activations}
     result = Case(meta, arrays)

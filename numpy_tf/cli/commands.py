@@ -9,8 +9,9 @@
         continue a prompt with a trained checkpoint (or a preset with released weights)
     numpy-tf export --model NAME [--config PRESET|FILE|JSON] [--set KEY=VALUE] -o CASE.npz
         one case file: inputs, parameters, every activation, outputs, loss, every gradient
-    numpy-tf compare REFERENCE.npz THEIRS.npz [--json]
-        tensor by tensor, and the first tensor in forward order that diverges
+    numpy-tf compare REFERENCE.npz THEIRS.npz [--precision bf16|fp16|fp32] [--json]
+        tensor by tensor, and the first tensor in forward order that diverges (with
+        --precision: beyond the error budget of that format, measured per tensor)
     numpy-tf grade SUBMISSION.py [--json]
         a student's forward/backward functions against numpy_tf's, with points
     numpy-tf assignment LAYER... -o HOMEWORK.py
@@ -397,9 +398,14 @@ def export(args) -> int:
 
 def compare(args) -> int:
     from ..checking.compare import compare_files
+    from ..checking.precision import SEEDS, precision_compare
 
     try:
-        result = compare_files(args.reference, args.theirs, args.level)
+        if args.precision is not None:
+            result = precision_compare(args.reference, args.theirs, args.precision,
+                                       SEEDS if args.seeds is None else args.seeds)
+        else:
+            result = compare_files(args.reference, args.theirs, args.level)
     except (OSError, ValueError) as error:
         raise UserError(str(error)) from None
     return _emit(args, result.passed, result.to_dict(), str(result))
@@ -499,6 +505,12 @@ def _tool_parsers(commands) -> None:
     p.add_argument("theirs")
     p.add_argument("--level", choices=("layer", "model"), default=None,
                    help="tolerance level (default: the reference's meta, else model)")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
+                   help="THEIRS computed in this format (float32 accumulation): judge each "
+                        "tensor by the drift of numpy_tf itself run in it, not one tolerance; "
+                        "REFERENCE must be a float64 case of `numpy-tf export`")
+    p.add_argument("--seeds", type=int, default=None, help="runs that measure the --precision "
+                   "budget (default 8)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=compare)
 

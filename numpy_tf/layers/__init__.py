@@ -9,6 +9,9 @@ from .cross_entropy_loss import (CrossEntropyLoss, cross_entropy, cross_entropy_
                                  cross_entropy_forward)
 from .dropout import Dropout, dropout_backward, dropout_forward
 from .embedding import Embedding, embedding_backward, embedding_forward
+from .flash_attention import (FlashAttentionCache, flash_attention_backward,
+                              flash_attention_forward, flash_attention_statistics,
+                              flash_decoding)
 from .linear import Linear, linear_backward, linear_forward
 from .mlp import SwiGLU, feedforward, swiglu_backward, swiglu_forward
 from .multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttention

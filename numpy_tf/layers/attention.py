@@ -132,16 +132,14 @@ def _grouped(x: np.ndarray, groups: int) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(batch, groups, (heads // groups) * length, width)
 
 
-def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=None,
-                      key_padding_mask=None, is_causal: bool = False, causal_offset: int = 0,
-                      dropout_p: float = 0.0, rng: np.random.Generator | None = None,
-                      scale: float | None = None):
-    """Scaled dot-product attention; returns (out (B, H, Tq, dv), AttentionCache)."""
+def check_qkv(q, k, v) -> None:
+    """q (B, H, Tq, d), k (B, G, Tk, d), v (B, G, Tk, dv): float arrays of one dtype, one batch
+    size, keys and values of one length, G dividing H (every attention function's inputs)."""
     validate.float_array("q", q, ndim=4, shape="(B, H, Tq, d)")
     validate.float_array("k", k, ndim=4, shape="(B, G, Tk, d)")
     validate.float_array("v", v, ndim=4, shape="(B, G, Tk, dv)")
     validate.same_dtype(q=q, k=k, v=v)
-    batch, heads, tq, width = q.shape
+    batch, heads, _, width = q.shape
     groups, tk = k.shape[1], k.shape[2]
     if k.shape[0] != batch or v.shape[0] != batch:
         raise ValueError(f"q, k and v must share the batch size; got {q.shape}, {k.shape}, "
@@ -154,6 +152,16 @@ def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=Non
     if heads % groups:
         raise ValueError(f"the key/value heads ({groups}) must divide the query heads "
                          f"({heads})")
+
+
+def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=None,
+                      key_padding_mask=None, is_causal: bool = False, causal_offset: int = 0,
+                      dropout_p: float = 0.0, rng: np.random.Generator | None = None,
+                      scale: float | None = None):
+    """Scaled dot-product attention; returns (out (B, H, Tq, dv), AttentionCache)."""
+    check_qkv(q, k, v)
+    batch, heads, tq, width = q.shape
+    groups, tk = k.shape[1], k.shape[2]
     dropout_p = check_probability(dropout_p)
     scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
     blocked, bias = attention_masks((batch, heads, tq, tk), q.dtype, attn_mask,

@@ -66,6 +66,13 @@ def attention(g, shape, dtype, kv_heads=None, keys=None, value_dim=None, causal=
             "causal_offset": 0, "dropout_p": dropout_p, "rng": 7, "scale": None}
 
 
+def flash_attention(g, shape, dtype, block_q=64, block_k=64, causal_offset=0, **options):
+    """attention's inputs (no dropout: FlashAttention's reference has none) and the tiles."""
+    inputs = attention(g, shape, dtype, **options)
+    del inputs["dropout_p"], inputs["rng"]
+    return {**inputs, "causal_offset": causal_offset, "block_q": block_q, "block_k": block_k}
+
+
 def row_norm(g, shape, dtype, weight=True, bias=True, special_rows=False, eps=1e-5,
               rms=False):
     x = g.standard_normal(shape)

@@ -21,8 +21,8 @@ from typing import Callable
 import numpy as np
 
 from ..checking.finite_differences import GradcheckReport, gradcheck
-from ..layers import (activations, attention, cross_entropy_loss, dropout, embedding, linear, mlp,
-                      norm, positions, rope, softmax)
+from ..layers import (activations, attention, cross_entropy_loss, dropout, embedding,
+                      flash_attention, linear, mlp, norm, positions, rope, softmax)
 from ..models import cbow
 from . import layer_inputs as draw
 
@@ -157,6 +157,29 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "with the dropout mask m (or P v). Key/value head j serves query heads j r ..\n"
               "j r + r - 1, r = H / G. q (B, H, Tq, d), k (B, G, Tk, d), v (B, G, Tk, dv).\n"
               "Return (dq, dk, dv), shaped like q, k and v."),
+    LayerSpec("flash_attention", flash_attention, flash_attention.FlashAttentionCache,
+              ("q", "k", "v"), draw.flash_attention, "q (B, H, Tq, d)",
+              (_case("causal, tiles of 2 queries by 3 keys that do not divide T = 5",
+                     (2, 2, 5, 3), causal=True, block_q=2, block_k=3),
+               _case("causal offset 2 (a KV cache of 2 before 3 new queries), tiles of 1 by 2",
+                     (1, 2, 3, 2), causal=True, keys=5, causal_offset=2, block_q=1, block_k=2),
+               _case("tiles of one query by one key, a float mask", (1, 2, 3, 2), mask="float",
+                     block_q=1, block_k=1),
+               _case("grouped-query: 4 heads, 2 key/value heads, Tk=5, dv=3", (1, 4, 3, 2),
+                     kv_heads=2, keys=5, value_dim=3, block_q=2, block_k=2),
+               _case("a fully masked query row (zero output and gradient)", (1, 2, 3, 2),
+                     mask="blocked row", block_q=2, block_k=2),
+               _case("key padding, one sequence all padding", (2, 1, 3, 2),
+                     padding="one sequence all padding", block_q=2, block_k=2),
+               _case("one tile holds everything (64 by 64)", (2, 2, 4, 3), causal=True,
+                     block_q=64, block_k=64)),
+              "The output is attention's: S = scale q k^T + M (scale = 1/sqrt(d)), S = -inf\n"
+              "where blocked, P = softmax(S) over the keys, out = P v; key/value head j serves\n"
+              "query heads j r .. j r + r - 1. The forward works tile by tile (block_q queries\n"
+              "by block_k keys) with an online softmax and keeps only out and the row\n"
+              "logsumexp L = log sum_j exp(S_ij) (+inf for a fully masked row).\n"
+              "Work tile by tile too: P_ij = exp(S_ij - L_i), D = rowsum(dout * out).\n"
+              "Return (dq, dk, dv), shaped like q, k and v (a fully masked row: zeros)."),
     LayerSpec("layernorm", norm, norm.LayerNormCache, ("x", "weight", "bias"), draw.row_norm,
               "x (..., C)",
               (_case("x (2, 3, 5)", (2, 3, 5)), _case("T=1", (1, 1, 4)),
