@@ -8,7 +8,7 @@ for the MLP; Llama's intermediate_size for SwiGLU).
                                                              bias (HF's mlp_bias adds them)
 
 SwiGLU is not the MLP with its activation renamed: it has two input projections, one of them
-gating the other through silu (the seed material makes the same point).
+gating the other through silu.
 """
 from __future__ import annotations
 
