@@ -109,10 +109,12 @@ def layernorm_backward(dout: np.ndarray, cache: LayerNormCache):
         d mean / d x_j    = 1/C
         d var / d x_j     = (2/C) (x_j - mean)    (the terms from d mean/d x_j sum to zero,
                                                    because sum_i (x_i - mean) = 0)
-        d inv_std / d x_j = -(1/2) (var + eps)^(-3/2) (2/C) (x_j - mean) = -inv_std x_hat_j / C
-                            (inv_std^3 (x_j - mean) = inv_std^2 x_hat_j, and inv_std^2 is
-                             1 / (var + eps); the eps is inside every factor, no approximation)
+        d inv_std / d x_j = -(1/2) (var + eps)^(-3/2) (2/C) (x_j - mean)
+                          = -inv_std^3 (x_j - mean) / C = -inv_std^2 x_hat_j / C
+                            ((var + eps)^(-3/2) = inv_std^3 and (x_j - mean) inv_std = x_hat_j;
+                             the eps is inside every factor, no approximation)
         d x_hat_i / d x_j = inv_std ([i = j] - 1/C) + (x_i - mean) d inv_std / d x_j
+                          = inv_std ([i = j] - 1/C) - (x_i - mean) inv_std^2 x_hat_j / C
                           = inv_std ([i = j] - 1/C - x_hat_i x_hat_j / C)
     so
         dx_j = sum_i g_i d x_hat_i / d x_j
@@ -171,10 +173,12 @@ def rmsnorm_backward(dout: np.ndarray, cache: RMSNormCache):
     Weight: dweight_i = sum_rows dout_i x_hat_i.
 
     Input. Let g_i = dout_i w_i. There is no mean to subtract, so
-        d inv_rms / d x_j = -(1/2) inv_rms^3 (2/C) x_j = -inv_rms x_hat_j / C
-                            (inv_rms^3 x_j = inv_rms^2 x_hat_j, and inv_rms^2 = 1 / (mean(x^2)
-                             + eps): eps stays inside)
+        d inv_rms / d x_j = -(1/2) inv_rms^3 (2/C) x_j = -inv_rms^3 x_j / C
+                          = -inv_rms^2 x_hat_j / C
+                            (x_j inv_rms = x_hat_j; inv_rms^2 = 1 / (mean(x^2) + eps): eps
+                             stays inside)
         d x_hat_i / d x_j = inv_rms [i = j] + x_i d inv_rms / d x_j
+                          = inv_rms [i = j] - x_i inv_rms^2 x_hat_j / C
                           = inv_rms ([i = j] - x_hat_i x_hat_j / C)
     so
         dx_j = inv_rms (g_j - x_hat_j mean(g * x_hat)),
