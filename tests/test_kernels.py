@@ -178,51 +178,42 @@ def test_linear_kernel_is_the_reference_bit_for_bit(dtype):
 NORM_WIDE = (EdgeCase("C = 128", (4, 16, 128)), EdgeCase("C = 768", (2, 8, 768)))
 
 
-def layernorm_ulps(dtype) -> dict:
-    """{quantity: worst ulps} of the LayerNorm kernels over the edge cases and NORM_WIDE."""
+NORMS = {   # reference forward, backward; kernel forward, backward; the compared quantities
+    "layernorm": (norm.layernorm_forward, norm.layernorm_backward, norm_kernels.layernorm_rows,
+                  norm_kernels.layernorm_rows_backward,
+                  ("out", "x_hat", "inv_std", "dx", "dweight", "dbias")),
+    "rmsnorm": (norm.rmsnorm_forward, norm.rmsnorm_backward, norm_kernels.rmsnorm_rows,
+                norm_kernels.rmsnorm_rows_backward, ("out", "x_hat", "inv_rms", "dx", "dweight"))}
+
+
+def norm_ulps(name: str, dtype) -> dict:
+    """{quantity: worst ulps} of a norm's kernels over its edge cases and NORM_WIDE."""
+    forward, backward, kernel_forward, kernel_backward, names = NORMS[name]
+    options = {"rms": True, "eps": 1e-6} if name == "rmsnorm" else {}
     worst = {}
-    for case, seed, inputs in edge_inputs("layernorm", dtype, NORM_WIDE):
-        out, cache = norm.layernorm_forward(**inputs)
-        kernel = norm_kernels.layernorm_rows(inputs["x"], inputs["weight"], inputs["bias"],
-                                             inputs["eps"])
+    for case, seed, inputs in edge_inputs(name, dtype, tuple(
+            EdgeCase(c.name, c.shape, options) for c in NORM_WIDE)):
+        out, cache = forward(**inputs)
         dout = upstream(out, seed)
-        pairs = zip(("out", "x_hat", "inv_std", "dx", "dweight", "dbias"),
-                    kernel + norm_kernels.layernorm_rows_backward(dout, *cache),
-                    (out, cache.x_hat, cache.inv_std) + norm.layernorm_backward(dout, cache))
-        for name, got, want in pairs:
-            assert (got is None) == (want is None), (case, name)
+        kernel = kernel_forward(**inputs) + kernel_backward(dout, *cache)
+        reference = (out, *cache[:2]) + backward(dout, cache)
+        for quantity, got, want in zip(names, kernel, reference):
+            assert (got is None) == (want is None), (case, quantity)
             if want is not None:
-                worst[name] = max(worst.get(name, 0.0), ulps_of_largest(got, want))
+                worst[quantity] = max(worst.get(quantity, 0.0), ulps_of_largest(got, want))
     return worst
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layernorm_kernels_within_their_ulps(dtype):
-    worst = layernorm_ulps(dtype)
+    worst = norm_ulps("layernorm", dtype)
     assert max(worst.values()) <= LAYERNORM_ULPS, worst
     assert worst["dweight"] == worst["dbias"] == 0.0, worst
 
 
-def rmsnorm_ulps(dtype) -> dict:
-    worst = {}
-    extra = tuple(EdgeCase(c.name, c.shape, {"rms": True, "eps": 1e-6}) for c in NORM_WIDE)
-    for case, seed, inputs in edge_inputs("rmsnorm", dtype, extra):
-        out, cache = norm.rmsnorm_forward(**inputs)
-        kernel = norm_kernels.rmsnorm_rows(inputs["x"], inputs["weight"], inputs["eps"])
-        dout = upstream(out, seed)
-        pairs = zip(("out", "x_hat", "inv_rms", "dx", "dweight"),
-                    kernel + norm_kernels.rmsnorm_rows_backward(dout, *cache),
-                    (out, cache.x_hat, cache.inv_rms) + norm.rmsnorm_backward(dout, cache))
-        for name, got, want in pairs:
-            assert (got is None) == (want is None), (case, name)
-            if want is not None:
-                worst[name] = max(worst.get(name, 0.0), ulps_of_largest(got, want))
-    return worst
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rmsnorm_kernels_within_their_ulps(dtype):
-    worst = rmsnorm_ulps(dtype)
+    worst = norm_ulps("rmsnorm", dtype)
     assert max(worst.values()) <= RMSNORM_ULPS, worst
 
 

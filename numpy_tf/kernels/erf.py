@@ -9,9 +9,10 @@ What makes it faster, in words:
   gather and scatter cost several times more when the regions interleave at random), except
   when at least half a block lies near zero (|x| <= 0.46875), as GELU's inputs mostly do: the
   near-zero formula then runs on the whole block, which costs less than a gather and a
-  scatter, and the other regions overwrite their own elements afterwards. Likewise float32's
-  erfc, whose far formula holds for every |x|, runs it on a block mostly far from zero and
-  overwrites the near elements.
+  scatter, and the other regions overwrite their own elements afterwards. float32's erfc,
+  whose far formula holds for every |x|, has only these two paths: the near-zero formula on
+  the whole block when at least 30% of it lies near zero (the share where the two cost the
+  same), else the far formula on the whole block with the near elements overwritten.
 - erfc(-y) = 2 - erfc(y) is written as (1 - sign) + sign erfc(y) with sign = +-1, which is
   exactly erfc(y) for x >= 0 and one rounding of 2 - erfc(y) for x < 0: arithmetic instead of
   a masked subtraction, which is slow on signs in random order.
@@ -30,18 +31,25 @@ from .blocks import BLOCK, map_blocks
 
 
 # -- the region formulas in place (special.erf_near_zero, ... in the same order) -------------
-def _erf_near_zero(x: np.ndarray) -> np.ndarray:
-    a, b = R1_NUMERATOR, R1_DENOMINATOR
-    z = x * x
-    numerator = a[4] * z
-    denominator = z + b[0]
-    for i in range(3):
-        numerator += a[i]
+def _polynomials(z: np.ndarray, numerator_coefficients, denominator_coefficients):
+    """Cody's numerator and denominator at z by Horner's rule, in place: p[-1] z^n + p[0]
+    z^(n-1) + ... + p[-2] (the leading coefficient is stored last) and z^m + q[0] z^(m-1) +
+    ... + q[-1], in the reference's order of operations."""
+    p, q = numerator_coefficients, denominator_coefficients
+    numerator = p[-1] * z
+    for coefficient in p[:-2]:
+        numerator += coefficient
         numerator *= z
-    for i in range(1, 4):
+    numerator += p[-2]
+    denominator = z + q[0]
+    for coefficient in q[1:]:
         denominator *= z
-        denominator += b[i]
-    numerator += a[3]
+        denominator += coefficient
+    return numerator, denominator
+
+
+def _erf_near_zero(x: np.ndarray) -> np.ndarray:
+    numerator, denominator = _polynomials(x * x, R1_NUMERATOR, R1_DENOMINATOR)
     numerator *= x
     numerator /= denominator
     return numerator
@@ -87,34 +95,16 @@ def _erfc_fit_float32(y: np.ndarray) -> np.ndarray:
 
 
 def _erfc_medium(y: np.ndarray) -> np.ndarray:
-    c, d = R2_NUMERATOR, R2_DENOMINATOR
-    numerator = c[8] * y
-    denominator = y + d[0]
-    for i in range(7):
-        numerator += c[i]
-        numerator *= y
-    for i in range(1, 8):
-        denominator *= y
-        denominator += d[i]
-    numerator += c[7]
+    numerator, denominator = _polynomials(y, R2_NUMERATOR, R2_DENOMINATOR)
     numerator /= denominator
     numerator *= _exp_minus_square(y)
     return numerator
 
 
 def _erfc_large(y: np.ndarray) -> np.ndarray:
-    p, q = R3_NUMERATOR, R3_DENOMINATOR
     y = np.minimum(y, UNDERFLOW)
     z = 1.0 / (y * y)
-    numerator = p[5] * z
-    denominator = z + q[0]
-    for i in range(4):
-        numerator += p[i]
-        numerator *= z
-    for i in range(1, 5):
-        denominator *= z
-        denominator += q[i]
-    numerator += p[4]
+    numerator, denominator = _polynomials(z, R3_NUMERATOR, R3_DENOMINATOR)
     numerator *= z
     numerator /= denominator                # the tail R3(1/y^2) / y^2
     np.subtract(ONE_OVER_SQRT_PI, numerator, out=numerator)
@@ -145,21 +135,28 @@ def _erfc_of_signed(tail: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 # -- one block, and the whole array ------------------------------------------------------------
+_FLOAT32_ERFC_NEAR_SHARE = 0.3     # where float32 erfc's two whole-block paths cost the same
+
+
 def erf_block(x: np.ndarray, complement: bool) -> np.ndarray:
     """erf(x), or erfc(x) if `complement`, of one flat block, as a new array."""
     y = np.abs(x)
     near = y <= SMALL
     inside = np.count_nonzero(near)
-    if complement and x.dtype == np.float32 and 2 * inside < near.size:
-        # float32's far formula holds for every |x|: it runs on the whole block (cheaper than
-        # gathering the far elements) and the near elements are overwritten.
-        out = _erfc_of_signed(_erfc_fit_float32(y), x)
-        inner = np.flatnonzero(near)
-        if inner.size:
-            head = _erf_near_zero(x[inner])
-            out[inner] = np.subtract(1.0, head, out=head)
-        return out
-    if 2 * inside >= near.size:
+    if complement and x.dtype == np.float32:
+        if inside < _FLOAT32_ERFC_NEAR_SHARE * near.size:
+            # float32's far formula holds for every |x|: it runs on the whole block (cheaper
+            # than gathering the far elements) and the few near elements are overwritten.
+            out = _erfc_of_signed(_erfc_fit_float32(y), x)
+            inner = np.flatnonzero(near)
+            if inner.size:
+                head = _erf_near_zero(x[inner])
+                out[inner] = np.subtract(1.0, head, out=head)
+            return out
+        mostly_near = True
+    else:
+        mostly_near = 2 * inside >= near.size
+    if mostly_near:
         # R1 of a large |x| may overflow to inf or NaN on the way; the far region's elements
         # are overwritten below, so those values are never kept.
         with np.errstate(over="ignore", invalid="ignore"):
