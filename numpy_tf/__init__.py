@@ -6,7 +6,8 @@ checked by finite differences and against PyTorch.
 
 The package is layered; each folder imports only the ones above it in this list:
 
-    core/       Parameter, Module, input checks, tolerances, .npz files, erf
+    core/       Parameter, Module, input checks, tolerances, .npz files, erf, reference_path
+    kernels/    the fast versions the layer classes run, each tested equal to its reference
     layers/     every layer family: cache, pure forward / backward, thin Module
     text/       tokenizers, datasets, the shipped corpus
     models/     GPT, Llama, BERT, the encoder-decoder, CBOW; losses; parameter counts
@@ -19,7 +20,7 @@ The package is layered; each folder imports only the ones above it in this list:
 
 docs/SPEC.md states the promises; `numpy-tf check` is the proof.
 """
-from .core import Module, ModuleList, Parameter, Sequential, erf, erfc
+from .core import Module, ModuleList, Parameter, Sequential, erf, erfc, reference_path
 from .layers import (GELU, CrossEntropyLoss, Dropout, Embedding, FusedAttention, LayerNorm,
                      LearnedPositions, Linear, LogSoftmax, MultiHeadAttention, ReLU, RMSNorm,
                      RoPECache, RotaryEmbedding, ScaledDotProductAttention, SiLU,

@@ -194,38 +194,3 @@ def test_bad_input():
         attention_forward(q, k[..., :3], v)
     with pytest.raises(ValueError, match=r"q must have 4 dimensions \(B, H, Tq, d\)"):
         attention_forward(q[0], k, v)
-
-
-@pytest.mark.parametrize("groups", [4, 2, 1])
-def test_backward_into_given_arrays_equals_returned_ones(groups):
-    """attention_backward(..., out=(dq, dk, dv)) writes into strided views (here the thirds of
-    a fused (B, T, 3 H d) gradient, as FusedAttention passes them) exactly what it returns
-    without out, for plain and grouped heads."""
-    rng = np.random.default_rng(11)
-    batch, heads, length, width = 2, 4, 5, 3
-    q = rng.standard_normal((batch, heads, length, width))
-    k, v = (rng.standard_normal((batch, groups, length, width)) for _ in range(2))
-    out, cache = attention_forward(q, k, v, is_causal=True)
-    dout = rng.standard_normal(out.shape)
-    expected = attention_backward(dout, cache)
-    fused = np.full((batch, length, (heads + 2 * groups) * width), np.nan)
-    views, start = [], 0
-    for count in (heads, groups, groups):
-        part = fused[..., start:start + count * width]
-        views.append(part.reshape(batch, length, count, width).transpose(0, 2, 1, 3))
-        start += count * width
-    returned = attention_backward(dout, cache, out=tuple(views))
-    for want, got, view in zip(expected, returned, views):
-        assert got is view
-        np.testing.assert_array_equal(view, want)
-    assert not np.isnan(fused).any()
-
-
-def test_backward_names_out_arrays_of_the_wrong_shape():
-    rng = np.random.default_rng(12)
-    q, k, v = (rng.standard_normal((1, 2, 3, 4)) for _ in range(3))
-    out, cache = attention_forward(q, k, v)
-    wrong = (np.empty_like(q), np.empty_like(k), np.empty((1, 2, 3, 5)))
-    with pytest.raises(ValueError, match=r"out must be three arrays shaped and typed like q, k "
-                                         r"and v .* got .*\(1, 2, 3, 5\) float64"):
-        attention_backward(rng.standard_normal(out.shape), cache, out=wrong)

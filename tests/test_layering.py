@@ -16,7 +16,8 @@ PACKAGE = ROOT / "numpy_tf"
 # what each folder may import of numpy_tf, besides itself
 ALLOWED = {
     "core": set(),
-    "layers": {"core"},
+    "kernels": {"core"},
+    "layers": {"core", "kernels"},
     "text": {"core"},
     "models": {"core", "layers", "text"},
     "optim": {"core", "layers"},

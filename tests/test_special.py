@@ -1,4 +1,5 @@
-"""erf and erfc against math.erf / math.erfc over the whole real line."""
+"""erf and erfc (the reference, numpy_tf.core.special) against math.erf / math.erfc over the whole
+real line. The blocked kernel is tested equal to it in test_kernels.py."""
 import math
 
 import numpy as np
@@ -63,24 +64,12 @@ def test_shape_kept_including_empty_and_zero_d():
     assert erf(np.ones((2, 70000))).shape == (2, 70000)     # more than one block
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_the_thread_count_changes_nothing(monkeypatch, dtype):
-    x = (np.random.default_rng(0).standard_normal(300_000) * 3).astype(dtype)   # 10 blocks
-    results = []
-    for threads in ("1", "2", "3"):
-        monkeypatch.setenv("NUMPY_TF_NUM_THREADS", threads)
-        results.append((erf(x), erfc(x)))
-    for other in results[1:]:
-        np.testing.assert_array_equal(other[0], results[0][0])
-        np.testing.assert_array_equal(other[1], results[0][1])
-
-
 @pytest.mark.parametrize("dtype, bound", [(np.float32, 5e-7), (np.float64, 2e-15)])
 def test_blocks_mostly_near_zero(dtype, bound):
-    """Blocks whose elements mostly lie in |x| <= 0.46875 take the other path (the small
-    formula over the whole block, the rest overwritten): the same accuracy as the other path
-    (float32 erf: 4.3e-7 at x = -0.474 either way, 1 - erfc near the region's edge), tails
-    included; results below the dtype's smallest normal number are compared absolutely."""
+    """Inputs mostly in |x| <= 0.46875 with some of every region, as GELU sees them (the
+    kernel's whole-block path; test_kernels.py checks it equals this): the accuracy there
+    (float32 erf: 4.3e-7 at x = -0.474, 1 - erfc near the region's edge), tails included;
+    results below the dtype's smallest normal number are compared absolutely."""
     x = np.random.default_rng(3).normal(0.0, 0.3, 100_000)
     x[::97] *= 20.0                                  # some of every region in each block
     x = x.astype(dtype)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, NamedTuple
 
 import numpy as np
 
@@ -325,6 +325,10 @@ class ModuleList(Module):
         return (value for _, value in self._own())
 
 
+class SequentialCache(NamedTuple):
+    caches: tuple               # one cache per module, in the order the modules ran
+
+
 class Sequential(ModuleList):
     """Modules applied in order, named by position, as torch.nn.Sequential.
 
@@ -338,9 +342,9 @@ class Sequential(ModuleList):
         for module in self:
             x, cache = module.forward(x)
             caches.append(cache)
-        return x, tuple(caches)
+        return x, SequentialCache(tuple(caches))
 
-    def backward(self, dout: np.ndarray, cache: tuple):
-        for module, module_cache in zip(reversed(list(self)), reversed(cache)):
+    def backward(self, dout: np.ndarray, cache: SequentialCache):
+        for module, module_cache in zip(reversed(list(self)), reversed(cache.caches)):
             dout = module.backward(dout, module_cache)
         return dout

@@ -17,7 +17,9 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module
-from ..core.special import erfc, map_blocks
+from ..core.paths import kernels_enabled
+from ..core.special import erfc
+from ..kernels.gelu import gelu_backward_blocks, gelu_forward_blocks
 
 _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -55,48 +57,23 @@ class GELUCache(NamedTuple):
     approximate: str
 
 
+class GELUKernelCache(GELUCache):
+    """A GELUCache made by the kernel tier (numpy_tf.kernels.gelu): the same fields; its type
+    tells GELU.backward to run the kernel's backward too."""
+    __slots__ = ()
+
+
 def gelu_forward(x: np.ndarray, approximate: str = "none"):
     """GELU, as torch.nn.functional.gelu(x, approximate=...)."""
     validate.float_array("x", x)
     validate.choice("approximate", approximate, GELU_APPROXIMATIONS)
     if approximate == "none":
-        flat = np.ascontiguousarray(x).reshape(-1)
-        out = np.empty_like(flat)
-
-        def evaluate(block: slice) -> None:         # one cache-sized block, on any thread
-            cdf = erfc(flat[block] * -_SQRT_HALF)
-            cdf *= 0.5                               # Phi(x), the standard normal CDF
-            np.multiply(flat[block], cdf, out=out[block])       # y = x Phi(x)
-
-        map_blocks(evaluate, flat.size)
-        out = out.reshape(x.shape)
-        return out, GELUCache(x, out, approximate)
-    out = _tanh_of_u(x)
-    out += 1.0
-    out *= x * 0.5                                   # torch's order: 0.5 x (1 + t)
+        cdf = 0.5 * erfc(x * -_SQRT_HALF)                            # Phi(x)
+        out = x * cdf
+    else:
+        t = np.tanh(_SQRT_2_OVER_PI * (x * x * x * _TANH_CUBIC + x))  # t = tanh(u)
+        out = x * 0.5 * (1.0 + t)                                     # torch's order
     return out, GELUCache(x, out, approximate)
-
-
-def _tanh_of_u(x: np.ndarray) -> np.ndarray:
-    """t = tanh(u), u = sqrt(2/pi) (x + 0.044715 x^3): a few cheap passes."""
-    u = x * x
-    u *= x
-    u *= _TANH_CUBIC
-    u += x
-    u *= _SQRT_2_OVER_PI
-    return np.tanh(u, out=u)
-
-
-def _phi_of(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Phi(x) = y / x, the factor the exact GELU's forward multiplied x by. Where x = 0 the
-    quotient is 0 / 0, and Phi(0) = 1/2. y = x Phi(x) was rounded once and the division
-    rounds once more, so this is within two roundings of the forward's own Phi(x) (2.2e-16
-    relative in float64)."""
-    with np.errstate(invalid="ignore"):                 # 0 / 0 where x = 0, mended below
-        phi = out / x
-    if not x.all():
-        phi[x == 0] = 0.5
-    return phi
 
 
 def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
@@ -105,54 +82,35 @@ def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
     approximate="none": y = x Phi(x) with Phi' = phi, the normal density
         phi(x) = exp(-x^2 / 2) / sqrt(2 pi), so by the product rule
         dy/dx = Phi(x) + x phi(x),
-    and Phi(x) = y / x comes back from the cache (see _phi_of): no second erf.
+    and Phi(x) = y / x comes back from the cache (Phi(0) = 1/2 where y / x is 0 / 0): no
+    second erf. y was rounded once and the division rounds once more, so this Phi(x) is
+    within two roundings of the forward's own.
 
     approximate="tanh": y = x (1 + t) / 2 with t = tanh(u), u = sqrt(2/pi) (x + c x^3),
         c = 0.044715. With dt/du = 1 - t^2 and du/dx = sqrt(2/pi) (1 + 3 c x^2):
-        dy/dx = (1 + t) / 2 + x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2) / 2.
-    t is recomputed here, as torch does (a few passes): taken from y / x instead, (1 + t) / 2
-    would carry the rounding of y into 1 - t^2, where t is near +-1, and lose a factor of 5 in
-    float32 accuracy at x ~ 5.
+        dy/dx = (1 + t) / 2 + x (1 - t^2) du/dx / 2 = ((1 - t^2) du/dx x + t + 1) / 2.
+    t is recomputed here, as torch does: taken from y / x instead, (1 + t) / 2 would carry
+    the rounding of y into 1 - t^2, where t is near +-1, and lose a factor of 5 in float32
+    accuracy at x ~ 5.
 
-    Then dx = dout dy/dx, elementwise, in cache-sized blocks: only dx is a full-size new
-    array. Cached: x and y (which the next layer keeps anyway); no separate Phi(x) or t, which
-    would cost an array the size of x.
+    Then dx = dout dy/dx, elementwise (the code's names: cdf Phi(x), pdf phi(x), slope
+    dy/dx). Cached: x and y (which the next layer keeps anyway); no separate Phi(x) or t,
+    which would cost an array the size of x.
     """
     x, out, approximate = cache
     if np.shape(dout) != x.shape:
         raise ValueError(f"dout must have the shape of GELU's output {x.shape}; got "
                          f"{np.shape(dout)}")
-    x_flat = np.ascontiguousarray(x).reshape(-1)
-    y_flat = np.ascontiguousarray(out).reshape(-1)
-    dout_flat = np.ascontiguousarray(dout).reshape(-1)
-    dx = np.empty_like(x_flat)
-
-    def evaluate(block: slice) -> None:             # one cache-sized block, on any thread
-        x = x_flat[block]
-        if approximate == "none":
-            slope = np.multiply(x, x, out=dx[block])     # built in dx's own block
-            slope *= -0.5
-            np.exp(slope, out=slope)
-            slope *= _INV_SQRT_2PI
-            slope *= x
-            slope += _phi_of(x, y_flat[block])       # Phi(x) + x phi(x)
-        else:
-            t = _tanh_of_u(x)
-            du_dx = x * x
-            du_dx *= 3.0 * _TANH_CUBIC
-            du_dx += 1.0
-            du_dx *= _SQRT_2_OVER_PI
-            slope = np.multiply(t, t, out=dx[block])
-            np.subtract(1.0, slope, out=slope)
-            slope *= du_dx
-            slope *= x
-            slope += t
-            slope += 1.0
-            slope *= 0.5
-        slope *= dout_flat[block]
-
-    map_blocks(evaluate, x_flat.size)
-    return dx.reshape(x.shape)
+    if approximate == "none":
+        with np.errstate(invalid="ignore"):                          # 0 / 0 where x = 0
+            cdf = np.where(x == 0, 0.5, out / x)                     # Phi(x)
+        pdf = np.exp(x * x * -0.5) * _INV_SQRT_2PI                   # phi(x)
+        slope = pdf * x + cdf                                        # dy/dx
+    else:
+        t = np.tanh(_SQRT_2_OVER_PI * (x * x * x * _TANH_CUBIC + x))
+        du_dx = _SQRT_2_OVER_PI * (x * x * (3.0 * _TANH_CUBIC) + 1.0)
+        slope = ((1.0 - t * t) * du_dx * x + t + 1.0) * 0.5          # dy/dx
+    return slope * dout
 
 
 # -- SiLU -------------------------------------------------------------------------------------
@@ -164,10 +122,7 @@ class SiLUCache(NamedTuple):
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-x)); exp overflows to inf for very negative x, giving exactly 0."""
     with np.errstate(over="ignore"):
-        s = np.exp(-x)
-    s += 1.0
-    np.reciprocal(s, out=s)
-    return s
+        return 1.0 / (np.exp(-x) + 1.0)
 
 
 def silu_forward(x: np.ndarray):
@@ -182,12 +137,8 @@ def silu_backward(dout: np.ndarray, cache: SiLUCache) -> np.ndarray:
         dy/dx = s + x s (1 - s) = s (1 + x (1 - s)).
     """
     x, s = cache
-    slope = 1.0 - s
-    slope *= x
-    slope += 1.0
-    slope *= s
-    slope *= dout
-    return slope
+    slope = ((1.0 - s) * x + 1.0) * s                                # dy/dx
+    return slope * dout
 
 
 # -- thin classes -----------------------------------------------------------------------------
@@ -202,7 +153,8 @@ class ReLU(Module):
 
 
 class GELU(Module):
-    """torch.nn.GELU(approximate=...). No parameters."""
+    """torch.nn.GELU(approximate=...). No parameters. Runs kernels.gelu unless inside
+    numpy_tf.reference_path()."""
 
     def __init__(self, approximate: str = "none", dtype=np.float64):
         super().__init__(dtype)
@@ -210,9 +162,15 @@ class GELU(Module):
         self.approximate = approximate
 
     def forward(self, x):
-        return gelu_forward(x, self.approximate)
+        if not kernels_enabled():
+            return gelu_forward(x, self.approximate)
+        validate.float_array("x", x)
+        out = gelu_forward_blocks(x, self.approximate)
+        return out, GELUKernelCache(x, out, self.approximate)
 
     def backward(self, dout, cache):
+        if type(cache) is GELUKernelCache:
+            return gelu_backward_blocks(dout, cache.x, cache.out, cache.approximate)
         return gelu_backward(dout, cache)
 
 

@@ -32,6 +32,8 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module
+from ..core.paths import kernels_enabled
+from ..kernels.attention import attention_backward_into
 from .dropout import check_probability, dropout_mask
 
 
@@ -42,6 +44,12 @@ class AttentionCache(NamedTuple):
     probs: np.ndarray           # (B, H, Tq, Tk) P, the attention probabilities (for study too)
     dropout: np.ndarray | None  # (B, H, Tq, Tk) dropout mask (0 or 1/(1-p)) applied to P
     scale: float                # 1 / sqrt(d) unless given
+
+
+class AttentionKernelCache(AttentionCache):
+    """An AttentionCache whose backward is the kernel's (numpy_tf.kernels.attention): the same
+    fields; a layer class makes it when its forward runs outside reference_path()."""
+    __slots__ = ()
 
 
 def causal_mask(query_length: int, key_length: int, offset: int = 0) -> np.ndarray:
@@ -154,101 +162,83 @@ def check_qkv(q, k, v) -> None:
                          f"({heads})")
 
 
+
+def _check_attention_inputs(q, k, v, dropout_p, rng) -> float:
+    """check_qkv, and a Generator when something is dropped. Returns dropout_p as a float."""
+    check_qkv(q, k, v)
+    dropout_p = check_probability(dropout_p)
+    if dropout_p > 0.0 and not isinstance(rng, np.random.Generator):
+        raise TypeError("attention dropout needs rng=numpy.random.Generator; got "
+                        f"{type(rng).__name__}")
+    return dropout_p
+
+
 def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=None,
                       key_padding_mask=None, is_causal: bool = False, causal_offset: int = 0,
                       dropout_p: float = 0.0, rng: np.random.Generator | None = None,
                       scale: float | None = None):
     """Scaled dot-product attention; returns (out (B, H, Tq, dv), AttentionCache)."""
-    check_qkv(q, k, v)
+    dropout_p = _check_attention_inputs(q, k, v, dropout_p, rng)
     batch, heads, tq, width = q.shape
     groups, tk = k.shape[1], k.shape[2]
-    dropout_p = check_probability(dropout_p)
     scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
     blocked, bias = attention_masks((batch, heads, tq, tk), q.dtype, attn_mask,
                                     key_padding_mask, is_causal, causal_offset)
-
     scores = _grouped(q * scale, groups) @ k.swapaxes(-1, -2)           # (B, G, r Tq, Tk)
-    scores = scores.reshape(batch, heads, tq, tk)                       # (B, H, Tq, Tk)
+    scores = scores.reshape(batch, heads, tq, tk)                       # S (B, H, Tq, Tk)
     if bias is not None:
         scores += bias
     if blocked is not None:
-        np.copyto(scores, -np.inf, where=blocked)
-    probs = masked_softmax(scores)                                      # P (B, H, Tq, Tk)
-    mask = None
-    weights = probs
-    if dropout_p > 0.0:
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError("attention dropout needs rng=numpy.random.Generator; got "
-                            f"{type(rng).__name__}")
-        mask = dropout_mask(probs.shape, dropout_p, rng, probs.dtype)
-        weights = probs * mask
+        np.copyto(scores, -np.inf, where=blocked)                       # S_ij = -inf
+    probs = masked_softmax(scores)                                      # P, in scores' array
+    dropout = None if dropout_p == 0.0 else dropout_mask(probs.shape, dropout_p, rng,
+                                                          probs.dtype)
+    weights = probs if dropout is None else probs * dropout             # W
     out = _grouped(weights, groups) @ v                                 # (B, G, r Tq, dv)
     out = out.reshape(batch, heads, tq, v.shape[3])                     # (B, H, Tq, dv)
-    return out, AttentionCache(q, k, v, probs, mask, scale)
+    return out, AttentionCache(q, k, v, probs, dropout, scale)
 
 
-def attention_backward(dout: np.ndarray, cache: AttentionCache, out=None):
-    """Gradients of out = P v, P = softmax(S), S = s q k^T + M (s the scale), per group.
+def attention_backward(dout: np.ndarray, cache: AttentionCache):
+    """Gradients of out = W v, W = P (or P * m with the dropout mask m), P = softmax(S),
+    S = s q k^T + M (s the scale), per group; * is elementwise. The code's names: weights W,
+    probs P, dweights dW, dprobs dP, dscores dS.
 
-    1. out = W v with W = P (or P m with the dropout mask m):
+    1. out = W v:
            dW = dout v^T                              (B, H, Tq, Tk)
            dv = W^T dout                              summed over the r heads of a group
-       then dP = dW m (or dW).
+       then dP = dW * m (or dW without dropout).
     2. Row-wise softmax, P_ij = exp(S_ij) / sum_l exp(S_il), has dP_ij/dS_ik = P_ij([j=k] - P_ik):
-           dS_ik = P_ik (dP_ik - sum_j dP_ij P_ij)
-       Blocked entries have P = 0, so their dS is 0; a fully blocked row has P = 0 throughout
-       and its gradients are all 0 (no NaN: S = -inf never enters the arithmetic).
-       The row sums sum_j dP_ij P_ij are one pass of einsum (no (Tq, Tk) temporary).
+           dS_ik = sum_j dP_ij P_ij ([j = k] - P_ik) = P_ik (dP_ik - sum_j dP_ij P_ij),
+       that is dS = P * (dP - rowsum(dP * P)). Blocked entries have P = 0, so their dS is 0;
+       a fully blocked row has P = 0 throughout and its gradients are all 0 (no NaN:
+       S = -inf never enters the arithmetic).
     3. S = s q k^T:
            dq = s dS k                                (B, H, Tq, d)
            dk = s dS^T q                              summed over the r heads of a group
        The scale s multiplies the small products (Tq or Tk by d), not dS (Tq by Tk); the
        forward likewise scales q before q k^T.
     Cached: q, k, v and P (the probabilities are also what a student looks at) and the
-    dropout mask; nothing else is needed. Returns (dq, dk, dv); with `out`, three arrays shaped
-    like q, k and v (views of a fused projection's gradient, say), they are written there and
-    returned.
+    dropout mask; nothing else is needed. Returns (dq, dk, dv).
     """
-    q, k, v, probs, mask, scale = cache
-    batch, heads, tq, width = q.shape
-    groups, tk = k.shape[1], k.shape[2]
-    if out is not None:
-        wanted = (q, k, v)
-        if len(out) != 3 or any(not isinstance(o, np.ndarray) or o.shape != w.shape or
-                                o.dtype != w.dtype for o, w in zip(out, wanted)):
-            raise ValueError("out must be three arrays shaped and typed like q, k and v "
-                             f"({', '.join(f'{w.shape} {w.dtype}' for w in wanted)}); got "
-                             + ", ".join(f"{getattr(o, 'shape', o)} {getattr(o, 'dtype', '')}"
-                                         for o in out))
-    out_q, out_k, out_v = out if out is not None else (None, None, None)
-    weights = probs if mask is None else probs * mask
+    q, k, v, probs, dropout, scale = cache
+    groups = k.shape[1]
+    weights = probs if dropout is None else probs * dropout             # W (B, H, Tq, Tk)
     dout_grouped = _grouped(dout, groups)                               # (B, G, r Tq, dv)
-    dv = np.matmul(_grouped(weights, groups).swapaxes(-1, -2), dout_grouped,
-                   out=out_v)                                           # (B, G, Tk, dv)
-    dprobs = (dout_grouped @ v.swapaxes(-1, -2)).reshape(batch, heads, tq, tk)
-    if mask is not None:
-        dprobs *= mask
-    dscores = dprobs
-    dscores -= np.einsum("bhij,bhij->bhi", dprobs, probs)[..., None]   # sum_j dP_ij P_ij
-    dscores *= probs                                                    # dS (B, H, Tq, Tk)
+    dv = _grouped(weights, groups).swapaxes(-1, -2) @ dout_grouped      # (B, G, Tk, dv)
+    dweights = (dout_grouped @ v.swapaxes(-1, -2)).reshape(probs.shape)     # dW
+    dprobs = dweights if dropout is None else dweights * dropout            # dP
+    dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))   # dS
     dscores_grouped = _grouped(dscores, groups)                         # (B, G, r Tq, Tk)
-    if groups == heads:
-        dq = np.matmul(dscores, k, out=out_q)                           # (B, H, Tq, d)
-    else:
-        dq = (dscores_grouped @ k).reshape(batch, heads, tq, width)
-        if out_q is not None:
-            out_q[...] = dq
-            dq = out_q
-    dq *= scale
-    dk = np.matmul(dscores_grouped.swapaxes(-1, -2), _grouped(q, groups),
-                   out=out_k)                                           # (B, G, Tk, d)
-    dk *= scale
+    dq = (dscores_grouped @ k).reshape(q.shape) * scale                 # (B, H, Tq, d)
+    dk = (dscores_grouped.swapaxes(-1, -2) @ _grouped(q, groups)) * scale   # (B, G, Tk, d)
     return dq, dk, dv
 
 
 class ScaledDotProductAttention(Module):
     """attention_forward / attention_backward as a Module (no parameters):
-    forward(q, k, v, attn_mask=None, key_padding_mask=None) -> (out, cache)."""
+    forward(q, k, v, attn_mask=None, key_padding_mask=None) -> (out, cache). Its backward runs
+    kernels.attention unless the forward ran inside numpy_tf.reference_path()."""
 
     def __init__(self, is_causal: bool = False, dropout: float = 0.0, dtype=np.float64):
         super().__init__(dtype)
@@ -256,8 +246,12 @@ class ScaledDotProductAttention(Module):
 
     def forward(self, q, k, v, attn_mask=None, key_padding_mask=None, causal_offset: int = 0,
                 rng: np.random.Generator | None = None):
-        return attention_forward(q, k, v, attn_mask, key_padding_mask, self.is_causal,
-                                 causal_offset, self.dropout if self.training else 0.0, rng)
+        out, cache = attention_forward(q, k, v, attn_mask, key_padding_mask, self.is_causal,
+                                       causal_offset, self.dropout if self.training else 0.0,
+                                       rng)
+        return out, (AttentionKernelCache(*cache) if kernels_enabled() else cache)
 
     def backward(self, dout, cache):
+        if type(cache) is AttentionKernelCache:
+            return attention_backward_into(dout, *cache)
         return attention_backward(dout, cache)

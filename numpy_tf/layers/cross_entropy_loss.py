@@ -42,9 +42,7 @@ def _at_targets(values: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return rows[np.arange(len(rows)), targets.reshape(-1)].reshape(targets.shape)
 
 
-def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100,
-                          label_smoothing: float = 0.0, reduction: str = "mean"):
-    """(loss, cache): loss is 0-d for "mean"/"sum", shape (...) for "none"; logits' dtype."""
+def _check_cross_entropy(logits, targets, ignore_index, label_smoothing, reduction) -> None:
     validate.float_array("logits", logits, min_ndim=1, shape="(..., C)")
     validate.integer_array("targets", targets)
     validate.choice("reduction", reduction, REDUCTIONS)
@@ -53,30 +51,30 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index:
                          f"the class axis); got {targets.shape}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing}")
-    classes = logits.shape[-1]
-    validate.ids_in_range("targets", targets, classes, allowed_extra=ignore_index)
+    validate.ids_in_range("targets", targets, logits.shape[-1], allowed_extra=ignore_index)
 
-    keep = targets != ignore_index
+
+def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, ignore_index: int = -100,
+                          label_smoothing: float = 0.0, reduction: str = "mean"):
+    """(loss, cache): loss is 0-d for "mean"/"sum", shape (...) for "none"; logits' dtype."""
+    _check_cross_entropy(logits, targets, ignore_index, label_smoothing, reduction)
+    classes = logits.shape[-1]
+    keep = targets != ignore_index                                      # (...)
     safe_targets = np.where(keep, targets, 0)
-    row_max = np.maximum.reduce(logits, axis=-1, keepdims=True)        # (..., 1)
-    shifted = logits - row_max                                          # (..., C)
-    picked = _at_targets(shifted, safe_targets)                         # z_y - max
-    if label_smoothing:
-        shifted_sum = np.add.reduce(shifted, axis=-1)                   # sum_c (z_c - max)
-    exp = np.exp(shifted, out=shifted)                                  # in place
-    log_sum = np.log(np.add.reduce(exp, axis=-1, keepdims=True))        # (..., 1)
-    picked -= log_sum[..., 0]                                           # l_y
-    losses = -(1.0 - label_smoothing) * picked
+    row_max = logits.max(axis=-1, keepdims=True)                        # (..., 1)
+    shifted = logits - row_max                                          # (..., C) z - max
+    log_sum = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))       # (..., 1)
+    picked = _at_targets(shifted, safe_targets) - log_sum[..., 0]       # l_y
+    losses = -(1.0 - label_smoothing) * picked                          # (...)
     if label_smoothing:                                                 # sum_c l_c
-        losses -= (label_smoothing / classes) * (shifted_sum - classes * log_sum[..., 0])
+        log_probs_sum = shifted.sum(axis=-1) - classes * log_sum[..., 0]
+        losses -= (label_smoothing / classes) * log_probs_sum
     losses = np.where(keep, losses, 0.0).astype(logits.dtype, copy=False)
     count = int(keep.sum())
     if reduction == "none":
         loss = losses
-    elif reduction == "sum":
-        loss = losses.sum()
     else:
-        loss = losses.sum() / max(count, 1)
+        loss = losses.sum() if reduction == "sum" else losses.sum() / max(count, 1)
     cache = CrossEntropyCache(logits, row_max, log_sum, safe_targets, keep, count,
                               label_smoothing, reduction)
     return np.asarray(loss, dtype=logits.dtype), cache
@@ -100,21 +98,16 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache) -> np.ndarray:
     """
     logits, row_max, log_sum, targets, keep, count, smoothing, reduction = cache
     classes = logits.shape[-1]
-    dlogits = logits - row_max                                          # (..., C)
-    dlogits -= log_sum
-    np.exp(dlogits, out=dlogits)                                        # p = softmax(z)
-    rows = dlogits.reshape(-1, classes)                                 # a view: contiguous
-    rows[np.arange(len(rows)), targets.reshape(-1)] -= 1.0 - smoothing
+    dlogits = np.exp((logits - row_max) - log_sum)                      # p (..., C)
+    rows = dlogits.reshape(-1, classes)                                 # the same array
+    rows[np.arange(len(rows)), targets.reshape(-1)] -= 1.0 - smoothing  # - (1 - e) [c = y]
     if smoothing:
-        dlogits -= smoothing / classes
+        dlogits -= smoothing / classes                                  # - e / C
     dloss = np.asarray(dloss, dtype=logits.dtype)
-    if reduction == "none":
-        scale = np.where(keep, dloss, 0.0)
-    elif reduction == "sum":
-        scale = np.where(keep, dloss, 0.0)
-    else:
-        scale = np.where(keep, dloss / count if count else 0.0, 0.0)
-    dlogits *= scale[..., None].astype(logits.dtype, copy=False)
+    if reduction == "mean":
+        dloss = dloss / count if count else np.zeros_like(dloss)
+    scale = np.where(keep, dloss, 0.0).astype(logits.dtype, copy=False)    # (...)
+    dlogits *= scale[..., None]
     return dlogits
 
 

@@ -12,12 +12,20 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, Parameter
+from ..core.paths import kernels_enabled
+from ..kernels.embedding import embedding_backward_into
 
 
 class EmbeddingCache(NamedTuple):
     ids: np.ndarray             # (...) the looked-up rows
     num_embeddings: int         # V
     padding_idx: int | None
+
+
+class EmbeddingKernelCache(EmbeddingCache):
+    """An EmbeddingCache whose backward is the kernel's (numpy_tf.kernels.embedding): the same
+    fields; Embedding makes it when its forward runs outside reference_path()."""
+    __slots__ = ()
 
 
 def embedding_forward(ids: np.ndarray, weight: np.ndarray, padding_idx: int | None = None):
@@ -51,7 +59,8 @@ def normal_init(rng: np.random.Generator, shape, std: float, dtype) -> np.ndarra
 
 class Embedding(Module):
     """torch.nn.Embedding(num_embeddings, embedding_dim, padding_idx). Parameter `weight`
-    (V, D), initialised N(0, 1) as torch does (the padding row zeroed)."""
+    (V, D), initialised N(0, 1) as torch does (the padding row zeroed). Its backward runs
+    kernels.embedding unless the forward ran inside numpy_tf.reference_path()."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  *, rng: np.random.Generator | int = 0, dtype=np.float64):
@@ -77,19 +86,13 @@ class Embedding(Module):
         return {"weight": mask}
 
     def forward(self, ids):
-        return embedding_forward(ids, self.weight.data, self.padding_idx)
+        out, cache = embedding_forward(ids, self.weight.data, self.padding_idx)
+        return out, (EmbeddingKernelCache(*cache) if kernels_enabled() else cache)
 
     def backward(self, dout, cache):
-        """Adds into weight.grad; returns None (integer ids have no gradient).
-
-        The same sum as embedding_backward, accumulated straight into weight.grad by np.add.at
-        over the looked-up rows only: no (V, D) table of zeros per call (V is the vocabulary),
-        and the padding row's positions are left out instead of zeroed afterwards."""
-        ids, _, padding_idx = cache
-        ids = ids.reshape(-1)
-        rows = dout.reshape(-1, dout.shape[-1])                       # (N, D)
-        if padding_idx is not None:
-            kept = ids != padding_idx
-            ids, rows = ids[kept], rows[kept]
-        np.add.at(self.weight.grad, ids, rows)
+        """Adds into weight.grad; returns None (integer ids have no gradient)."""
+        if type(cache) is EmbeddingKernelCache:
+            embedding_backward_into(self.weight.grad, dout, cache.ids, cache.padding_idx)
+        else:
+            self.weight.grad += embedding_backward(dout, cache)
         return None

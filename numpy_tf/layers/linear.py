@@ -12,6 +12,8 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, Parameter
+from ..core.paths import kernels_enabled
+from ..kernels.linear import linear_rows
 
 
 class LinearCache(NamedTuple):
@@ -20,23 +22,23 @@ class LinearCache(NamedTuple):
     has_bias: bool
 
 
-def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None):
+def _check_linear(x, weight, bias) -> None:
     validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
     validate.float_array("weight", weight, ndim=2, shape="(OUT, IN)")
     validate.same_dtype(weight=weight, x=x, bias=bias)
     validate.last_dim("x", x, weight.shape[1], "the weight's IN")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias must have shape ({weight.shape[0]},); got {bias.shape}")
-    return _linear(x, weight, bias)
 
 
-def _linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
-    """linear_forward's computation, for callers that have checked its arguments (the Linear
-    class checks x against its own Parameters once)."""
+def linear_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None):
+    """y = x W^T + b, the leading axes flattened into N rows for one matrix multiply."""
+    _check_linear(x, weight, bias)
     out = x.reshape(-1, x.shape[-1]) @ weight.T                     # (N, OUT)
     if bias is not None:
-        out += bias
-    return out.reshape(*x.shape[:-1], weight.shape[0]), LinearCache(x, weight, bias is not None)
+        out = out + bias
+    out = out.reshape(*x.shape[:-1], weight.shape[0])               # (..., OUT)
+    return out, LinearCache(x, weight, bias is not None)
 
 
 def linear_backward(dout: np.ndarray, cache: LinearCache):
@@ -64,7 +66,8 @@ def uniform_init(rng: np.random.Generator, shape, fan_in: int, dtype) -> np.ndar
 
 class Linear(Module):
     """torch.nn.Linear(in_features, out_features, bias). Parameters `weight` (OUT, IN) and
-    `bias` (OUT,), initialised as torch does unless a model re-initialises them."""
+    `bias` (OUT,), initialised as torch does unless a model re-initialises them. Runs
+    kernels.linear unless inside numpy_tf.reference_path()."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  rng: np.random.Generator | int = 0, dtype=np.float64):
@@ -80,11 +83,14 @@ class Linear(Module):
 
     def forward(self, x):
         weight = self.weight.data
+        bias = None if self.bias is None else self.bias.data
+        if not kernels_enabled():
+            return linear_forward(x, weight, bias)
         if not validate.is_plain_input(x, weight.dtype, self.in_features):
             validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
             validate.same_dtype(weight=weight, x=x)           # the bias has the weight's dtype
             validate.last_dim("x", x, self.in_features, "in_features")
-        return _linear(x, weight, None if self.bias is None else self.bias.data)
+        return linear_rows(x, weight, bias), LinearCache(x, weight, bias is not None)
 
     def backward(self, dout, cache):
         dx, dweight, dbias = linear_backward(dout, cache)

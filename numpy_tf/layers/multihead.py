@@ -31,10 +31,23 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, Parameter
-from .attention import AttentionCache, attention_backward, attention_forward
+from ..core.paths import kernels_enabled
+from ..kernels.attention import attention_backward_into, qkv_gradient
+from .attention import AttentionCache, AttentionKernelCache, attention_backward, attention_forward
 from .dropout import check_probability
 from .linear import Linear, LinearCache, linear_backward, linear_forward
-from .rope import rope_backward, rope_forward
+from .rope import RoPECache, rope_backward, rope_forward
+
+
+class ProjectionCaches(NamedTuple):
+    q: LinearCache              # the query projection's
+    k: LinearCache | None       # the key and value projections' (None with static_kv)
+    v: LinearCache | None
+
+
+class RotaryCaches(NamedTuple):
+    q: RoPECache                # the queries' rotation
+    k: RoPECache | None         # the keys' (None with static_kv: rotated when projected)
 
 
 class KVCache(NamedTuple):
@@ -45,8 +58,8 @@ class KVCache(NamedTuple):
 
 
 class AttentionLayerCache(NamedTuple):
-    projections: tuple          # the layout's caches of the q, k, v projections
-    rope: tuple | None          # (RoPECache of q, RoPECache of k) or None
+    projections: LinearCache | ProjectionCaches     # the fused qkv's, or one per projection
+    rope: RotaryCaches | None
     attention: AttentionCache   # holds the probabilities (B, H, Tq, Tk)
     output: LinearCache
     past_length: int            # keys an incoming KV cache already held
@@ -103,7 +116,7 @@ class HeadAttention(Module):
         """Key and value heads (B, G, Tk, d) of a memory, computed once for cross-attention
         decoding (pass them as static_kv)."""
         _, k, v, _ = self._project(memory[:, :1], memory, memory)
-        return split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
+        return KVCache(split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads))
 
     # the shared computation -------------------------------------------------------------------
     def forward(self, query, key=None, value=None, *, attn_mask=None, key_padding_mask=None,
@@ -140,13 +153,15 @@ class HeadAttention(Module):
             k_rope = None
             if not static:
                 k, k_rope = rope_forward(k, positions, self.rope_base, self.rope_interleaved)
-            rope_caches = (q_rope, k_rope)
+            rope_caches = RotaryCaches(q_rope, k_rope)
         if past_kv is not None:
             k = np.concatenate([past_kv[0], k], axis=2)
             v = np.concatenate([past_kv[1], v], axis=2)
         heads, attention = attention_forward(
             q, k, v, attn_mask, key_padding_mask, is_causal, past_length,
             self.dropout if self.training else 0.0, rng)
+        if kernels_enabled():
+            attention = AttentionKernelCache(*attention)                # kernel backward
         out, output = self.output_layer.forward(merge_heads(heads))     # (B, Tq, C)
         return out, AttentionLayerCache(projections, rope_caches, attention, output,
                                         past_length, KVCache(k, v), inputs, static)
@@ -155,14 +170,18 @@ class HeadAttention(Module):
         """The forward in reverse: output projection, merge of the heads, attention, RoPE
         (its inverse rotation), split of the heads, the projections. Gradients of keys an
         incoming KV cache held (or of static_kv) are not propagated: they were inputs of an
-        earlier call."""
+        earlier call. A forward outside reference_path() left an AttentionKernelCache, which
+        takes the kernel's attention backward."""
         dheads = split_heads(self.output_layer.backward(dout, cache.output), self.num_heads)
-        dq, dk, dv = attention_backward(dheads, cache.attention)
+        if type(cache.attention) is AttentionKernelCache:
+            dq, dk, dv = attention_backward_into(dheads, *cache.attention)
+        else:
+            dq, dk, dv = attention_backward(dheads, cache.attention)
         dk, dv = dk[:, :, cache.past_length:], dv[:, :, cache.past_length:]
         if cache.rope is not None:
-            dq = rope_backward(dq, cache.rope[0])
-            if cache.rope[1] is not None:
-                dk = rope_backward(dk, cache.rope[1])
+            dq = rope_backward(dq, cache.rope.q)
+            if cache.rope.k is not None:
+                dk = rope_backward(dk, cache.rope.k)
         if cache.static:
             dk = dv = None
         return self._project_backward(dq, dk, dv, cache.projections, cache.inputs)
@@ -208,17 +227,17 @@ class MultiHeadAttention(HeadAttention):
     def _project(self, query, key, value):
         q, q_cache = self.q_proj.forward(query)
         if key is None:
-            return q, None, None, (q_cache, None, None)
+            return q, None, None, ProjectionCaches(q_cache, None, None)
         k, k_cache = self.k_proj.forward(key)
         v, v_cache = self.v_proj.forward(value)
-        return q, k, v, (q_cache, k_cache, v_cache)
+        return q, k, v, ProjectionCaches(q_cache, k_cache, v_cache)
 
     def _project_backward(self, dq, dk, dv, caches, inputs):
-        dquery = self.q_proj.backward(merge_heads(dq), caches[0])
+        dquery = self.q_proj.backward(merge_heads(dq), caches.q)
         if dk is None:
             return _gradients(inputs, dquery, None, None)
-        return _gradients(inputs, dquery, self.k_proj.backward(merge_heads(dk), caches[1]),
-                          self.v_proj.backward(merge_heads(dv), caches[2]))
+        return _gradients(inputs, dquery, self.k_proj.backward(merge_heads(dk), caches.k),
+                          self.v_proj.backward(merge_heads(dv), caches.v))
 
 
 class FusedAttention(HeadAttention):
@@ -256,32 +275,22 @@ class FusedAttention(HeadAttention):
         q, k, v = qkv[..., :width], qkv[..., width:2 * width], qkv[..., 2 * width:]
         return q, k, v, cache
 
-    def _qkv_gradient(self, batch: int, length: int, dtype):
-        """The gradient of the qkv output, (B, T, 3C), empty, and its thirds seen as heads
-        (B, H, T, d): the views dq, dk and dv are written through."""
-        width = self.width
-        dqkv = np.empty((batch, length, 3 * width), dtype)
-        return dqkv, tuple(split_heads(dqkv[..., part * width:(part + 1) * width],
-                                       self.num_heads) for part in range(3))
-
     def backward(self, dout, cache: AttentionLayerCache):
-        """As HeadAttention.backward. Without RoPE or a KV cache, attention_backward writes
-        the head gradients straight into their thirds of the qkv output's gradient (B, T, 3C)
-        (each head's (T, d) block is a strided matrix BLAS writes in place): dq, dk and dv
-        are never arrays of their own, and nothing is copied."""
-        if cache.rope is not None or cache.past_length:
+        """As HeadAttention.backward. A cache the kernels made, without RoPE or a KV cache,
+        takes kernels.attention.qkv_gradient instead: the head gradients are written straight
+        into the thirds of the qkv output's gradient (B, T, 3C), which is the same array the
+        reference assembles from dq, dk and dv."""
+        if type(cache.attention) is not AttentionKernelCache or cache.rope is not None or \
+                cache.past_length:
             return super().backward(dout, cache)
         dheads = split_heads(self.output.backward(dout, cache.output), self.num_heads)
-        dqkv, thirds = self._qkv_gradient(dheads.shape[0], dheads.shape[2], dheads.dtype)
-        attention_backward(dheads, cache.attention, out=thirds)
+        dqkv = qkv_gradient(dheads, *cache.attention)                   # (B, T, 3C)
         return self.qkv.backward(dqkv, cache.projections)
 
     def _project_backward(self, dq, dk, dv, caches, inputs):
-        """Each head gradient is copied into its third of the qkv output's gradient."""
-        dqkv, thirds = self._qkv_gradient(dq.shape[0], dq.shape[2], dq.dtype)
-        for third, dheads in zip(thirds, (dq, dk, dv)):
-            third[...] = dheads
-        return self.qkv.backward(dqkv, caches)
+        """qkv = [q | k | v] along the last axis, so its gradient is [dq | dk | dv]."""
+        dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+        return self.qkv.backward(dqkv, caches)                          # (B, T, 3C)
 
 
 class TorchMultiheadAttention(HeadAttention):
@@ -348,7 +357,7 @@ class TorchMultiheadAttention(HeadAttention):
             y, c = linear_forward(x, weight[part], None if bias is None else bias[part])
             outputs.append(y)
             caches.append(c)
-        return (*outputs, tuple(caches))
+        return (*outputs, ProjectionCaches(*caches))
 
     def _project_backward(self, dq, dk, dv, caches, inputs):
         grads = []

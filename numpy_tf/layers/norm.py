@@ -19,6 +19,9 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, Parameter
+from ..core.paths import kernels_enabled
+from ..kernels.norm import (layernorm_rows, layernorm_rows_backward, rmsnorm_rows,
+                            rmsnorm_rows_backward)
 
 
 def _check_row_input(x, weight, bias, eps) -> float:
@@ -59,23 +62,6 @@ def _leading_axes(array: np.ndarray) -> tuple[int, ...]:
     return tuple(range(array.ndim - 1))
 
 
-def _row_mean(a: np.ndarray) -> np.ndarray:
-    """mean over the last axis, (..., C) -> (..., 1): the sum divided by C, which is what
-    a.mean computes, without its Python-level wrapper (it counts at the tiny sizes)."""
-    return np.add.reduce(a, axis=-1, keepdims=True) / a.shape[-1]
-
-
-def _row_mean_of_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """mean over the last axis of a * b, (..., C) -> (..., 1), in one pass (einsum forms no
-    (..., C) temporary)."""
-    return np.einsum("...i,...i->...", a, b)[..., None] / a.shape[-1]
-
-
-def _sum_over_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """sum over every leading (batch, time) position of a * b, (..., C) -> (C,), in one pass."""
-    return np.einsum("ni,ni->i", a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]))
-
-
 # -- LayerNorm --------------------------------------------------------------------------------
 class LayerNormCache(NamedTuple):
     x_hat: np.ndarray               # (..., C) (x - mean) * inv_std, for dx and dweight
@@ -84,25 +70,24 @@ class LayerNormCache(NamedTuple):
     has_bias: bool
 
 
+class LayerNormKernelCache(LayerNormCache):
+    """A LayerNormCache made by the kernel tier (numpy_tf.kernels.norm): the same fields; its
+    type tells LayerNorm.backward to run the kernel's backward too."""
+    __slots__ = ()
+
+
 def layernorm_forward(x: np.ndarray, weight: np.ndarray | None = None,
                       bias: np.ndarray | None = None, eps: float = 1e-5):
     """out = weight * x_hat + bias, x_hat = (x - mean) / sqrt(var + eps), over the last axis,
     biased variance, as torch.nn.functional.layer_norm. x (..., C) -> out (..., C)."""
-    return _layernorm(x, weight, bias, _check_row_input(x, weight, bias, eps))
-
-
-def _layernorm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float):
-    """layernorm_forward's computation, for callers that have checked its arguments (the
-    LayerNorm class checks x against its own Parameters once)."""
-    mean = _row_mean(x)                                             # (..., 1)
-    centered = x - mean                                             # (..., C)
-    var = _row_mean_of_product(centered, centered)                  # (..., 1) divides by C
+    eps = _check_row_input(x, weight, bias, eps)
+    mean = x.mean(axis=-1, keepdims=True)                           # (..., 1)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)            # (..., 1) divides by C
     inv_std = 1.0 / np.sqrt(var + eps)                              # (..., 1)
-    x_hat = centered                                                # (..., C), in place:
-    x_hat *= inv_std                                                # centered is not kept
-    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
+    x_hat = (x - mean) * inv_std                                    # (..., C)
+    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C) not the cache's
     if bias is not None:
-        out += bias
+        out = out + bias
     return out, LayerNormCache(x_hat, inv_std, weight, bias is not None)
 
 
@@ -124,10 +109,12 @@ def layernorm_backward(dout: np.ndarray, cache: LayerNormCache):
         d mean / d x_j    = 1/C
         d var / d x_j     = (2/C) (x_j - mean)    (the terms from d mean/d x_j sum to zero,
                                                    because sum_i (x_i - mean) = 0)
-        d inv_std / d x_j = -(1/2) (var + eps)^(-3/2) (2/C) (x_j - mean) = -inv_std x_hat_j / C
-                            (inv_std^3 (x_j - mean) = inv_std^2 x_hat_j, and inv_std^2 is
-                             1 / (var + eps); the eps is inside every factor, no approximation)
+        d inv_std / d x_j = -(1/2) (var + eps)^(-3/2) (2/C) (x_j - mean)
+                          = -inv_std^3 (x_j - mean) / C = -inv_std^2 x_hat_j / C
+                            ((var + eps)^(-3/2) = inv_std^3 and (x_j - mean) inv_std = x_hat_j;
+                             the eps is inside every factor, no approximation)
         d x_hat_i / d x_j = inv_std ([i = j] - 1/C) + (x_i - mean) d inv_std / d x_j
+                          = inv_std ([i = j] - 1/C) - (x_i - mean) inv_std^2 x_hat_j / C
                           = inv_std ([i = j] - 1/C - x_hat_i x_hat_j / C)
     so
         dx_j = sum_i g_i d x_hat_i / d x_j
@@ -142,11 +129,12 @@ def layernorm_backward(dout: np.ndarray, cache: LayerNormCache):
     """
     x_hat, inv_std, weight, has_bias = cache
     g = dout * weight if weight is not None else dout                        # (..., C)
-    dx = g - _row_mean(g)                                                    # (..., C)
-    dx -= x_hat * _row_mean_of_product(g, x_hat)
-    dx *= inv_std
-    dweight = _sum_over_positions(dout, x_hat) if weight is not None else None  # (C,)
-    dbias = dout.sum(axis=_leading_axes(dout)) if has_bias else None            # (C,)
+    mean_g = g.mean(axis=-1, keepdims=True)                                  # (..., 1)
+    mean_g_x_hat = (g * x_hat).mean(axis=-1, keepdims=True)                  # (..., 1)
+    dx = (g - mean_g - x_hat * mean_g_x_hat) * inv_std                       # (..., C)
+    rows = _leading_axes(dout)
+    dweight = (dout * x_hat).sum(axis=rows) if weight is not None else None  # (C,)
+    dbias = dout.sum(axis=rows) if has_bias else None                        # (C,)
     return dx, dweight, dbias
 
 
@@ -157,14 +145,20 @@ class RMSNormCache(NamedTuple):
     weight: np.ndarray | None       # (C,) or None, for dx
 
 
+class RMSNormKernelCache(RMSNormCache):
+    """An RMSNormCache made by the kernel tier (numpy_tf.kernels.norm): the same fields; its
+    type tells RMSNorm.backward to run the kernel's backward too."""
+    __slots__ = ()
+
+
 def rmsnorm_forward(x: np.ndarray, weight: np.ndarray | None = None, eps: float | None = None):
     """out = weight * x / sqrt(mean(x^2) + eps) over the last axis, as torch.nn.RMSNorm.
     x (..., C) -> out (..., C). eps is required (there is no default; see the module text)."""
     eps = _check_row_input(x, weight, None, _explicit_eps(eps))
-    mean_square = _row_mean_of_product(x, x)                        # (..., 1)
+    mean_square = (x * x).mean(axis=-1, keepdims=True)              # (..., 1)
     inv_rms = 1.0 / np.sqrt(mean_square + eps)                      # (..., 1)
     x_hat = x * inv_rms                                             # (..., C)
-    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
+    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C) not the cache's
     return out, RMSNormCache(x_hat, inv_rms, weight)
 
 
@@ -179,10 +173,12 @@ def rmsnorm_backward(dout: np.ndarray, cache: RMSNormCache):
     Weight: dweight_i = sum_rows dout_i x_hat_i.
 
     Input. Let g_i = dout_i w_i. There is no mean to subtract, so
-        d inv_rms / d x_j = -(1/2) inv_rms^3 (2/C) x_j = -inv_rms x_hat_j / C
-                            (inv_rms^3 x_j = inv_rms^2 x_hat_j, and inv_rms^2 = 1 / (mean(x^2)
-                             + eps): eps stays inside)
+        d inv_rms / d x_j = -(1/2) inv_rms^3 (2/C) x_j = -inv_rms^3 x_j / C
+                          = -inv_rms^2 x_hat_j / C
+                            (x_j inv_rms = x_hat_j; inv_rms^2 = 1 / (mean(x^2) + eps): eps
+                             stays inside)
         d x_hat_i / d x_j = inv_rms [i = j] + x_i d inv_rms / d x_j
+                          = inv_rms [i = j] - x_i inv_rms^2 x_hat_j / C
                           = inv_rms ([i = j] - x_hat_i x_hat_j / C)
     so
         dx_j = inv_rms (g_j - x_hat_j mean(g * x_hat)),
@@ -195,9 +191,10 @@ def rmsnorm_backward(dout: np.ndarray, cache: RMSNormCache):
     """
     x_hat, inv_rms, weight = cache
     g = dout * weight if weight is not None else dout                        # (..., C)
-    dx = g - x_hat * _row_mean_of_product(g, x_hat)                          # (..., C)
-    dx *= inv_rms
-    dweight = _sum_over_positions(dout, x_hat) if weight is not None else None  # (C,)
+    mean_g_x_hat = (g * x_hat).mean(axis=-1, keepdims=True)                  # (..., 1)
+    dx = (g - x_hat * mean_g_x_hat) * inv_rms                                # (..., C)
+    rows = _leading_axes(dout)
+    dweight = (dout * x_hat).sum(axis=rows) if weight is not None else None  # (C,)
     return dx, dweight
 
 
@@ -205,7 +202,8 @@ def rmsnorm_backward(dout: np.ndarray, cache: RMSNormCache):
 class LayerNorm(Module):
     """torch.nn.LayerNorm(normalized_shape, eps, elementwise_affine, bias) over the last axis.
     Parameters `weight` (C,) initialised to ones and `bias` (C,) to zeros, as torch; both are
-    None without elementwise_affine, the bias is None with bias=False."""
+    None without elementwise_affine, the bias is None with bias=False. Runs kernels.norm
+    unless inside numpy_tf.reference_path()."""
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, dtype=np.float64):
@@ -219,15 +217,22 @@ class LayerNorm(Module):
 
     def forward(self, x):
         weight = None if self.weight is None else self.weight.data
+        bias = None if self.bias is None else self.bias.data
+        if not kernels_enabled():
+            return layernorm_forward(x, weight, bias, self.eps)
         if not validate.is_plain_input(x, self.dtype if weight is None else weight.dtype,
                                        self.normalized_shape):
             validate.float_array("x", x, min_ndim=1, shape="(..., C)")
             validate.last_dim("x", x, self.normalized_shape, "normalized_shape")
             validate.same_dtype(weight=weight, x=x)     # the bias has the weight's dtype
-        return _layernorm(x, weight, None if self.bias is None else self.bias.data, self.eps)
+        out, x_hat, inv_std = layernorm_rows(x, weight, bias, self.eps)
+        return out, LayerNormKernelCache(x_hat, inv_std, weight, bias is not None)
 
     def backward(self, dout, cache):
-        dx, dweight, dbias = layernorm_backward(dout, cache)
+        if type(cache) is LayerNormKernelCache:
+            dx, dweight, dbias = layernorm_rows_backward(dout, *cache)
+        else:
+            dx, dweight, dbias = layernorm_backward(dout, cache)
         if self.weight is not None:
             self.weight.grad += dweight
         if self.bias is not None:
@@ -239,7 +244,8 @@ class RMSNorm(Module):
     """torch.nn.RMSNorm(normalized_shape, eps, elementwise_affine) over the last axis, with eps
     REQUIRED: torch's eps=None (finfo(dtype).eps) has no counterpart here, pass the model's
     value (1e-6 or 1e-5 for Llama). Parameter `weight` (C,) initialised to ones, as torch; None
-    without elementwise_affine. There is no bias."""
+    without elementwise_affine. There is no bias. Runs kernels.norm unless inside
+    numpy_tf.reference_path()."""
 
     def __init__(self, normalized_shape: int, eps: float, elementwise_affine: bool = True,
                  dtype=np.float64):
@@ -250,12 +256,20 @@ class RMSNorm(Module):
             if elementwise_affine else None
 
     def forward(self, x):
+        weight = None if self.weight is None else self.weight.data
         validate.float_array("x", x, min_ndim=1, shape="(..., C)")
         validate.last_dim("x", x, self.normalized_shape, "normalized_shape")
-        return rmsnorm_forward(x, None if self.weight is None else self.weight.data, self.eps)
+        if not kernels_enabled():
+            return rmsnorm_forward(x, weight, self.eps)
+        validate.same_dtype(weight=weight, x=x)
+        out, x_hat, inv_rms = rmsnorm_rows(x, weight, self.eps)
+        return out, RMSNormKernelCache(x_hat, inv_rms, weight)
 
     def backward(self, dout, cache):
-        dx, dweight = rmsnorm_backward(dout, cache)
+        if type(cache) is RMSNormKernelCache:
+            dx, dweight = rmsnorm_rows_backward(dout, *cache)
+        else:
+            dx, dweight = rmsnorm_backward(dout, cache)
         if self.weight is not None:
             self.weight.grad += dweight
         return dx

@@ -68,17 +68,9 @@ def _pairs(x: np.ndarray, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
 def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool,
                 inverse: bool = False) -> np.ndarray:
     """Rotate every pair (a, b) of x by its angle: (a cos - b sin, a sin + b cos); with
-    inverse=True by minus the angle: (a cos + b sin, -a sin + b cos). A new array."""
-    a, b = _pairs(x, interleaved)                                           # (..., D/2) each
-    out = np.empty_like(x)                                                  # (..., D)
-    out_a, out_b = _pairs(out, interleaved)
-    if inverse:
-        out_a[...] = a * cos + b * sin
-        out_b[...] = b * cos - a * sin
-    else:
-        out_a[...] = a * cos - b * sin
-        out_b[...] = a * sin + b * cos
-    return out
+    inverse=True by minus the angle: (a cos + b sin, -a sin + b cos). A new array. (The
+    rotation by theta is the inverse rotation, rope_backward's, by -theta.)"""
+    return rope_backward(x, RoPECache(cos, sin if inverse else -sin, interleaved))
 
 
 class RoPECache(NamedTuple):
@@ -109,8 +101,13 @@ def rope_forward(x: np.ndarray, positions: np.ndarray, base: float = 10000.0,
     if positions.shape != expected:
         raise ValueError(f"positions must have shape {expected} to match x's (B, T) = "
                          f"({batch}, {length}); got {positions.shape}")
-    cos, sin = rope_tables(positions, x.shape[-1], base, x.dtype)
-    return rope_rotate(x, cos, sin, interleaved), RoPECache(cos, sin, interleaved)
+    cos, sin = rope_tables(positions, x.shape[-1], base, x.dtype)          # (..., T, D/2)
+    a, b = _pairs(x, interleaved)                                           # (..., D/2) each
+    out = np.empty_like(x)                                                  # (B, H, T, D)
+    out_a, out_b = _pairs(out, interleaved)                                 # views of out
+    out_a[...] = a * cos - b * sin                                          # a'
+    out_b[...] = a * sin + b * cos                                          # b'
+    return out, RoPECache(cos, sin, interleaved)
 
 
 def rope_backward(dout: np.ndarray, cache: RoPECache) -> np.ndarray:
@@ -130,11 +127,16 @@ def rope_backward(dout: np.ndarray, cache: RoPECache) -> np.ndarray:
         da =  da' cos(theta) + db' sin(theta)
         db = -da' sin(theta) + db' cos(theta),
 
-    which is rope_rotate with inverse=True, in the same layout. Cached: only cos and sin
-    (x is not needed, the map being linear). Integer positions get no gradient. Returns dx.
+    in the same layout. Cached: only cos and sin (x is not needed, the map being linear).
+    Integer positions get no gradient. Returns dx.
     """
     cos, sin, interleaved = cache
-    return rope_rotate(dout, cos, sin, interleaved, inverse=True)            # (B, H, T, D)
+    da_out, db_out = _pairs(dout, interleaved)                              # da', db'
+    dx = np.empty_like(dout)                                                # (B, H, T, D)
+    da, db = _pairs(dx, interleaved)                                        # views of dx
+    da[...] = da_out * cos + db_out * sin
+    db[...] = db_out * cos - da_out * sin
+    return dx
 
 
 class RotaryEmbedding(Module):

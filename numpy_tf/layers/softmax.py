@@ -22,9 +22,8 @@ class SoftmaxCache(NamedTuple):
 
 def softmax_forward(x: np.ndarray, axis: int = -1):
     validate.float_array("x", x, min_ndim=1)
-    probs = x - x.max(axis=axis, keepdims=True)
-    np.exp(probs, out=probs)
-    probs /= probs.sum(axis=axis, keepdims=True)
+    exp = np.exp(x - x.max(axis=axis, keepdims=True))                  # exp(x_i - m)
+    probs = exp / exp.sum(axis=axis, keepdims=True)
     return probs, SoftmaxCache(probs, axis)
 
 

@@ -1,0 +1,73 @@
+"""LayerNorm and RMSNorm with one-pass row statistics: the values of layers.norm's
+layernorm_forward / layernorm_backward and rmsnorm_forward / rmsnorm_backward (the references,
+whose docstrings are the derivations), up to the order of each row's sums.
+
+Faster because every mean over a row of a product (the variance, the mean square,
+mean(g * x_hat)) and every sum over the positions of a product (dweight) is one pass of einsum,
+which forms no (..., C) temporary for the product; plain means are np.add.reduce divided by C,
+without ndarray.mean's Python-level wrapper (it counts at the tiny sizes); x - mean is
+normalised in place. The classes call these after checking their input once. einsum adds a
+row in another order than NumPy's pairwise sum, so the statistics may differ from the
+reference's in their last bits (the measured bound is stated in tests/test_kernels.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _row_mean(a: np.ndarray) -> np.ndarray:
+    """mean over the last axis, (..., C) -> (..., 1)."""
+    return np.add.reduce(a, axis=-1, keepdims=True) / a.shape[-1]
+
+
+def _row_mean_of_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """mean over the last axis of a * b, (..., C) -> (..., 1), in one pass."""
+    return np.einsum("...i,...i->...", a, b)[..., None] / a.shape[-1]
+
+
+def _sum_over_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """sum over every leading (batch, time) position of a * b, (..., C) -> (C,), in one pass."""
+    return np.einsum("ni,ni->i", a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]))
+
+
+def layernorm_rows(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+                   eps: float):
+    """(out, x_hat, inv_std) of LayerNorm over the last axis of a checked x (..., C)."""
+    mean = _row_mean(x)                                             # (..., 1)
+    x_hat = x - mean                                                # (..., C) centered
+    inv_std = 1.0 / np.sqrt(_row_mean_of_product(x_hat, x_hat) + eps)   # (..., 1)
+    x_hat *= inv_std                                                # in place
+    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
+    if bias is not None:
+        out += bias
+    return out, x_hat, inv_std
+
+
+def layernorm_rows_backward(dout: np.ndarray, x_hat: np.ndarray, inv_std: np.ndarray,
+                            weight: np.ndarray | None, has_bias: bool):
+    """(dx, dweight, dbias) = inv_std (g - mean(g) - x_hat mean(g x_hat)), g = dout w, ..."""
+    g = dout * weight if weight is not None else dout                        # (..., C)
+    dx = g - _row_mean(g)                                                    # (..., C)
+    dx -= x_hat * _row_mean_of_product(g, x_hat)
+    dx *= inv_std
+    dweight = _sum_over_positions(dout, x_hat) if weight is not None else None  # (C,)
+    dbias = dout.sum(axis=tuple(range(dout.ndim - 1))) if has_bias else None    # (C,)
+    return dx, dweight, dbias
+
+
+def rmsnorm_rows(x: np.ndarray, weight: np.ndarray | None, eps: float):
+    """(out, x_hat, inv_rms) of RMSNorm over the last axis of a checked x (..., C)."""
+    inv_rms = 1.0 / np.sqrt(_row_mean_of_product(x, x) + eps)       # (..., 1)
+    x_hat = x * inv_rms                                             # (..., C)
+    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
+    return out, x_hat, inv_rms
+
+
+def rmsnorm_rows_backward(dout: np.ndarray, x_hat: np.ndarray, inv_rms: np.ndarray,
+                          weight: np.ndarray | None):
+    """(dx, dweight) = inv_rms (g - x_hat mean(g x_hat)), g = dout w, ..."""
+    g = dout * weight if weight is not None else dout                        # (..., C)
+    dx = g - x_hat * _row_mean_of_product(g, x_hat)                          # (..., C)
+    dx *= inv_rms
+    dweight = _sum_over_positions(dout, x_hat) if weight is not None else None  # (C,)
+    return dx, dweight

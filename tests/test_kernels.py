@@ -1,0 +1,433 @@
+"""Each kernel (numpy_tf.kernels) against its reference, on the layer's edge cases (the EdgeCase
+inputs of numpy_tf.teaching.layer_table) and on arrays of many blocks, in float32 and float64.
+
+Bit for bit where the arithmetic is the same: erf / erfc, GELU (forward and backward), Linear's
+forward, attention's dv, the fused qkv gradient, Embedding's backward into a zero gradient.
+
+Within a stated number of ulps where the kernel adds in another order (einsum's one-pass row
+sums against NumPy's pairwise sums). An ulp here is one unit in the last place of the largest
+|value| of the reference array, max |kernel - reference| / spacing(max |reference|): an
+elementwise count is meaningless where a result cancels to nearly zero (a LayerNorm input
+gradient, an output w x_hat + b near 0). The bounds below are the worst measured over 200
+draws of every edge case (in parentheses), rounded up to a power of two; the tests draw 10.
+"""
+import numpy as np
+import pytest
+
+from numpy_tf import (GELU, Embedding, FusedAttention, LayerNorm, Linear, RMSNorm,
+                      reference_path)
+from numpy_tf.core import special
+from numpy_tf.kernels import attention as attention_kernels
+from numpy_tf.kernels import embedding as embedding_kernels
+from numpy_tf.kernels import erf as erf_kernels
+from numpy_tf.kernels import gelu as gelu_kernels
+from numpy_tf.kernels import linear as linear_kernels
+from numpy_tf.kernels import norm as norm_kernels
+from numpy_tf.kernels.blocks import BLOCK
+from numpy_tf.layers import activations, attention, embedding, linear, norm
+from numpy_tf.layers.multihead import merge_heads
+from numpy_tf.teaching.layer_table import LAYERS, EdgeCase
+
+DTYPES = [np.float32, np.float64]
+SEEDS = range(10)
+
+# ulps of the largest |value| (measured worst over 200 draws per edge case: float32 / float64)
+LAYERNORM_ULPS = 16     # out 4 / 6, x_hat 4 / 6, inv_std 2 / 4, dx 6 / 10; dweight, dbias 0
+RMSNORM_ULPS = 32       # out 3 / 5, x_hat 4 / 7, inv_rms 2 / 4, dx 4.5 / 7.75, dweight 0 / 16
+ATTENTION_ULPS = 128    # dq 5 / 13, dk 7.5 / 78 (dS^T q cancels: sum_k dS_ik = 0); dv 0
+EMBEDDING_ULPS = 4      # into a gradient already holding a sum: 3 / 3 (8 repeats of one id)
+
+
+def same_bits(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal dtype, shape and bit pattern (-0.0 differs from 0.0), any NaN equal to any NaN."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    unsigned = np.uint32 if got.dtype == np.float32 else np.uint64
+    return bool(np.all((got.view(unsigned) == want.view(unsigned)) |
+                       (np.isnan(got) & np.isnan(want))))
+
+
+def ulps_of_largest(got: np.ndarray, want: np.ndarray) -> float:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if not want.size:
+        return 0.0
+    difference = np.abs(got.astype(np.float64) - want.astype(np.float64)).max()
+    return float(difference / np.spacing(np.abs(want).max()).astype(np.float64))
+
+
+def edge_inputs(name: str, dtype, extra: tuple[EdgeCase, ...] = ()):
+    """(case name, seed, forward kwargs) for every edge case of the layer (and `extra`)."""
+    spec = LAYERS[name]
+    for case in spec.cases + extra:
+        for seed in SEEDS:
+            yield case.name, seed, spec.case_inputs(case, dtype, seed)
+
+
+def upstream(out: np.ndarray, seed: int) -> np.ndarray:
+    """A random dout, drawn from another stream than the inputs (the same draws as x would
+    make LayerNorm's gradient exactly zero when dout = x)."""
+    return np.random.default_rng(1000 + seed).standard_normal(np.shape(out)).astype(out.dtype)
+
+
+def test_the_checks_can_fail():
+    a = np.array([0.0, 1.0, np.nan])
+    assert same_bits(a, a.copy()) and not same_bits(a, np.array([-0.0, 1.0, np.nan]))
+    assert not same_bits(a, np.nextafter(a, 2.0))
+    assert ulps_of_largest(np.array([2.0 + 4 * np.spacing(2.0), 1.0]), np.array([2.0, 1.0])) == 4.0
+
+
+# -- erf and erfc ---------------------------------------------------------------------------------
+def _erf_inputs(dtype):
+    boundaries = np.array([0.46875, 4.0, 27.5, 26.0, 1e-300, 5e-324])
+    edges = np.concatenate([boundaries, np.nextafter(boundaries, 0), np.nextafter(boundaries, 30)])
+    grid = np.concatenate([np.linspace(-30, 30, 60001), np.logspace(-300, 1.5, 2000), edges,
+                           [0.0, np.inf, np.nan]])
+    grid = np.concatenate([grid, -grid]).astype(dtype)
+    rng = np.random.default_rng(3)
+    mostly_near_zero = rng.normal(0.0, 0.3, 5 * BLOCK)
+    mostly_near_zero[::97] *= 20.0                  # some of every region in each block
+    return {"grid": grid, "mostly near zero": mostly_near_zero.astype(dtype),
+            "N(0, 1)": rng.standard_normal(5 * BLOCK).astype(dtype),
+            "N(0, 9)": (3.0 * rng.standard_normal(5 * BLOCK)).astype(dtype),
+            "one block, all near zero": rng.uniform(-0.4, 0.4, 1000).astype(dtype),
+            "2-d, 0-d and empty": rng.standard_normal((7, 3)).astype(dtype)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel, reference", [(erf_kernels.blocked_erf, special.erf),
+                                               (erf_kernels.blocked_erfc, special.erfc)])
+def test_blocked_erf_and_erfc_are_the_reference_bit_for_bit(kernel, reference, dtype):
+    for name, x in _erf_inputs(dtype).items():
+        assert same_bits(kernel(x), reference(x)), name
+    for x in (np.array(0.3, dtype), np.array(-5.0, dtype), np.zeros((0, 3), dtype)):
+        assert same_bits(kernel(x), reference(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_thread_count_changes_nothing(monkeypatch, dtype):
+    x = (np.random.default_rng(0).standard_normal(300_000) * 3).astype(dtype)   # 10 blocks
+    results = []
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("NUMPY_TF_NUM_THREADS", threads)
+        results.append((erf_kernels.blocked_erf(x), erf_kernels.blocked_erfc(x)))
+    for other in results[1:]:
+        np.testing.assert_array_equal(other[0], results[0][0])
+        np.testing.assert_array_equal(other[1], results[0][1])
+    assert same_bits(results[1][1], special.erfc(x))
+
+
+def test_an_element_does_not_depend_on_its_neighbours():
+    """The same value in a block mostly near zero and in one mostly far from it (the two
+    paths of erf_block) gives the same bits."""
+    for dtype in DTYPES:
+        value = np.array([0.25, -0.3, 0.46875], dtype)
+        near = np.concatenate([value, np.full(100, 0.1, dtype)])
+        far = np.concatenate([value, np.full(100, 3.0, dtype)])
+        for complement in (False, True):
+            assert same_bits(erf_kernels.erf_block(near, complement)[:3],
+                             erf_kernels.erf_block(far, complement)[:3])
+
+
+# -- GELU -----------------------------------------------------------------------------------------
+GELU_LARGE = (EdgeCase("many blocks, N(0, 1)", (4, 3, 30000)),
+              EdgeCase("many blocks, N(0, 0.3^2)", (4, 3, 30000), {"scale": 0.3}),
+              EdgeCase("many blocks, tanh", (4, 3, 30000), {"approximate": "tanh"}))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_kernels_are_the_reference_bit_for_bit(dtype):
+    for case, seed, inputs in edge_inputs("gelu", dtype, GELU_LARGE):
+        if seed > 1 and inputs["x"].size > BLOCK:
+            continue                                # two draws of the large arrays suffice
+        x, approximate = inputs["x"], inputs.get("approximate", "none")
+        out, cache = activations.gelu_forward(x, approximate)
+        assert same_bits(gelu_kernels.gelu_forward_blocks(x, approximate), out), case
+        dout = upstream(out, seed)
+        assert same_bits(gelu_kernels.gelu_backward_blocks(dout, x, out, approximate),
+                         activations.gelu_backward(dout, cache)), case
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_backward_is_the_same_for_any_thread_count(monkeypatch, dtype):
+    x = (np.random.default_rng(6).standard_normal(300_000) * 3).astype(dtype)     # 10 blocks
+    dout = np.random.default_rng(7).standard_normal(x.shape).astype(dtype)
+    out = gelu_kernels.gelu_forward_blocks(x, "none")
+    results = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("NUMPY_TF_NUM_THREADS", threads)
+        results.append(gelu_kernels.gelu_backward_blocks(dout, x, out, "none"))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_gelu_kernel_names_a_dout_of_the_wrong_shape():
+    x = np.linspace(-2, 2, 6).reshape(2, 3)
+    with pytest.raises(ValueError, match=r"dout must have the shape of GELU's output \(2, 3\); "
+                                         r"got \(3,\)"):
+        gelu_kernels.gelu_backward_blocks(np.ones(3), x, x, "none")
+
+
+# -- Linear ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_kernel_is_the_reference_bit_for_bit(dtype):
+    for case, _, inputs in edge_inputs("linear", dtype, (EdgeCase("wide", (3, 7, 64)),)):
+        out, _ = linear.linear_forward(**inputs)
+        assert same_bits(linear_kernels.linear_rows(**inputs), out), case
+
+
+# -- LayerNorm and RMSNorm ------------------------------------------------------------------------
+NORM_WIDE = (EdgeCase("C = 128", (4, 16, 128)), EdgeCase("C = 768", (2, 8, 768)))
+
+
+NORMS = {   # reference forward, backward; kernel forward, backward; the compared quantities
+    "layernorm": (norm.layernorm_forward, norm.layernorm_backward, norm_kernels.layernorm_rows,
+                  norm_kernels.layernorm_rows_backward,
+                  ("out", "x_hat", "inv_std", "dx", "dweight", "dbias")),
+    "rmsnorm": (norm.rmsnorm_forward, norm.rmsnorm_backward, norm_kernels.rmsnorm_rows,
+                norm_kernels.rmsnorm_rows_backward, ("out", "x_hat", "inv_rms", "dx", "dweight"))}
+
+
+def norm_ulps(name: str, dtype) -> dict:
+    """{quantity: worst ulps} of a norm's kernels over its edge cases and NORM_WIDE."""
+    forward, backward, kernel_forward, kernel_backward, names = NORMS[name]
+    options = {"rms": True, "eps": 1e-6} if name == "rmsnorm" else {}
+    worst = {}
+    for case, seed, inputs in edge_inputs(name, dtype, tuple(
+            EdgeCase(c.name, c.shape, options) for c in NORM_WIDE)):
+        out, cache = forward(**inputs)
+        dout = upstream(out, seed)
+        kernel = kernel_forward(**inputs) + kernel_backward(dout, *cache)
+        reference = (out, *cache[:2]) + backward(dout, cache)
+        for quantity, got, want in zip(names, kernel, reference):
+            assert (got is None) == (want is None), (case, quantity)
+            if want is not None:
+                worst[quantity] = max(worst.get(quantity, 0.0), ulps_of_largest(got, want))
+    return worst
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm_kernels_within_their_ulps(dtype):
+    worst = norm_ulps("layernorm", dtype)
+    assert max(worst.values()) <= LAYERNORM_ULPS, worst
+    assert worst["dweight"] == worst["dbias"] == 0.0, worst
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_kernels_within_their_ulps(dtype):
+    worst = norm_ulps("rmsnorm", dtype)
+    assert max(worst.values()) <= RMSNORM_ULPS, worst
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_norm_classes_pair_kernel_and_reference_caches_either_way(dtype):
+    """A forward under one setting and a backward under the other: each backward is the one
+    of the tier that made the cache (the kernel's cache type says so)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 8)).astype(dtype)
+    dout = rng.standard_normal(x.shape).astype(dtype)
+    for layer in (LayerNorm(8, dtype=dtype), RMSNorm(8, 1e-6, dtype=dtype)):
+        layer.weight.data[:] = rng.uniform(0.5, 1.5, 8)
+        _, kernel_cache = layer.forward(x)
+        with reference_path():
+            _, reference_cache = layer.forward(x)
+            dx_kernel = layer.backward(dout, kernel_cache)
+        dx_reference = layer.backward(dout, reference_cache)
+        reference = norm.layernorm_backward if isinstance(layer, LayerNorm) else \
+            norm.rmsnorm_backward
+        kernel = norm_kernels.layernorm_rows_backward if isinstance(layer, LayerNorm) else \
+            norm_kernels.rmsnorm_rows_backward
+        assert same_bits(dx_reference, reference(dout, reference_cache)[0])
+        assert same_bits(dx_kernel, kernel(dout, *kernel_cache)[0])
+
+
+# -- attention ------------------------------------------------------------------------------------
+ATTENTION_LARGE = (EdgeCase("causal, T = 64, d = 32", (2, 4, 64, 32), {"causal": True}),)
+
+
+def attention_ulps(dtype) -> dict:
+    spec = LAYERS["attention"]
+    worst = {}
+    for case, seed, inputs in edge_inputs("attention", dtype, ATTENTION_LARGE):
+        out, cache = spec.call(attention.attention_forward, inputs)
+        dout = upstream(out, seed)
+        for name, got, want in zip(("dq", "dk", "dv"),
+                                   attention_kernels.attention_backward_into(dout, *cache),
+                                   attention.attention_backward(dout, cache)):
+            worst[name] = max(worst.get(name, 0.0), ulps_of_largest(got, want))
+    return worst
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_backward_kernel_within_its_ulps(dtype):
+    worst = attention_ulps(dtype)
+    assert worst["dv"] == 0.0 and max(worst.values()) <= ATTENTION_ULPS, worst
+
+
+@pytest.mark.parametrize("groups", [4, 2, 1])
+def test_backward_into_given_arrays_equals_returned_ones(groups):
+    """attention_backward_into(..., out=(dq, dk, dv)) writes into strided views (here the
+    thirds of a fused (B, T, 3 H d) gradient, as FusedAttention passes them) exactly what it
+    returns without out, for plain and grouped heads."""
+    rng = np.random.default_rng(11)
+    batch, heads, length, width = 2, 4, 5, 3
+    q = rng.standard_normal((batch, heads, length, width))
+    k, v = (rng.standard_normal((batch, groups, length, width)) for _ in range(2))
+    out, cache = attention.attention_forward(q, k, v, is_causal=True)
+    dout = rng.standard_normal(out.shape)
+    expected = attention_kernels.attention_backward_into(dout, *cache)
+    fused = np.full((batch, length, (heads + 2 * groups) * width), np.nan)
+    views, start = [], 0
+    for count in (heads, groups, groups):
+        part = fused[..., start:start + count * width]
+        views.append(part.reshape(batch, length, count, width).transpose(0, 2, 1, 3))
+        start += count * width
+    returned = attention_kernels.attention_backward_into(dout, *cache, out=tuple(views))
+    for want, got, view in zip(expected, returned, views):
+        assert got is view
+        np.testing.assert_array_equal(view, want)
+    assert not np.isnan(fused).any()
+
+
+def test_backward_names_out_arrays_of_the_wrong_shape():
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)) for _ in range(3))
+    out, cache = attention.attention_forward(q, k, v)
+    wrong = (np.empty_like(q), np.empty_like(k), np.empty((1, 2, 3, 5)))
+    with pytest.raises(ValueError, match=r"out must be three arrays shaped and typed like q, k "
+                                         r"and v .* got .*\(1, 2, 3, 5\) float64"):
+        attention_kernels.attention_backward_into(rng.standard_normal(out.shape), *cache,
+                                                  out=wrong)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_qkv_gradient_is_the_three_head_gradients_side_by_side(dtype):
+    """qkv_gradient writes dq, dk, dv into the thirds of (B, T, 3C): bit for bit the
+    concatenation the reference FusedAttention backward builds from the same head
+    gradients."""
+    for case, seed, inputs in edge_inputs("attention", dtype):
+        if inputs["k"].shape[1] != inputs["q"].shape[1] or \
+                inputs["k"].shape[2:] != inputs["q"].shape[2:] or inputs["v"].shape != \
+                inputs["k"].shape:
+            continue                                # FusedAttention: self-attention, H = G
+        out, cache = LAYERS["attention"].call(attention.attention_forward, inputs)
+        dout = upstream(out, seed)
+        heads = attention_kernels.attention_backward_into(dout, *cache)
+        concatenated = np.concatenate([merge_heads(g) for g in heads], axis=-1)
+        assert same_bits(attention_kernels.qkv_gradient(dout, *cache), concatenated), case
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rope", [False, True])
+def test_fused_attention_kernel_path_against_the_reference_path(dtype, rope):
+    rng = np.random.default_rng(5)
+    layer = FusedAttention(16, 4, bias=True, rope=rope, rng=1, dtype=dtype)
+    x = rng.standard_normal((2, 6, 16)).astype(dtype)
+    dout = rng.standard_normal(x.shape).astype(dtype)
+    results = []
+    for use_reference in (False, True):
+        layer.zero_grad()
+        if use_reference:
+            with reference_path():
+                out, cache = layer.forward(x, is_causal=True)
+        else:
+            out, cache = layer.forward(x, is_causal=True)
+        dx = layer.backward(dout, cache)
+        results.append([out, dx] + [p.grad.copy() for p in layer.parameters()])
+    assert same_bits(results[0][0], results[1][0])                  # the same forward
+    for got, want in zip(results[0][1:], results[1][1:]):
+        assert ulps_of_largest(got, want) <= ATTENTION_ULPS
+
+
+# -- Embedding ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_backward_into_a_zero_gradient_is_the_reference_bit_for_bit(dtype):
+    for case, seed, inputs in edge_inputs("embedding", dtype):
+        out, cache = embedding.embedding_forward(**inputs)
+        dout = upstream(out, seed)
+        grad = np.zeros_like(inputs["weight"])
+        embedding_kernels.embedding_backward_into(grad, dout, cache.ids, cache.padding_idx)
+        assert same_bits(grad, embedding.embedding_backward(dout, cache)), case
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_backward_into_a_gradient_already_holding_a_sum(dtype):
+    """A tied weight's gradient holds the head's part before the lookup's is added: the
+    kernel adds each row's gradients one by one to it, the reference adds their sum, so a
+    repeated id may round differently: within EMBEDDING_ULPS."""
+    for case, seed, inputs in edge_inputs("embedding", dtype):
+        out, cache = embedding.embedding_forward(**inputs)
+        dout = upstream(out, seed)
+        held = np.random.default_rng(seed).standard_normal(inputs["weight"].shape)
+        grad = held.astype(dtype)
+        embedding_kernels.embedding_backward_into(grad, dout, cache.ids, cache.padding_idx)
+        want = held.astype(dtype) + embedding.embedding_backward(dout, cache)
+        assert ulps_of_largest(grad, want) <= EMBEDDING_ULPS, case
+
+
+def test_embedding_class_pairs_each_cache_with_its_backward():
+    layer = Embedding(6, 3, padding_idx=1)
+    ids = np.array([[1, 2, 2, 5]])
+    dout = np.random.default_rng(0).standard_normal((1, 4, 3))
+    _, kernel_cache = layer.forward(ids)
+    with reference_path():
+        _, reference_cache = layer.forward(ids)
+    assert type(kernel_cache) is embedding.EmbeddingKernelCache
+    assert type(reference_cache) is embedding.EmbeddingCache
+    for cache in (kernel_cache, reference_cache):
+        layer.zero_grad()
+        layer.backward(dout, cache)
+        assert same_bits(layer.weight.grad, embedding.embedding_backward(dout, reference_cache))
+
+
+# -- the classes run the kernels by default -------------------------------------------------------
+def _raises(*args, **kwargs):
+    raise RuntimeError("replaced function ran")
+
+
+def _run(layer, args, kwargs, reference: bool):
+    if reference:
+        with reference_path():
+            out, cache = layer.forward(*args, **kwargs)
+    else:
+        out, cache = layer.forward(*args, **kwargs)
+    layer.backward(np.random.default_rng(1).standard_normal(out.shape), cache)
+
+
+def _layers():
+    x = np.random.default_rng(0).standard_normal((2, 3, 8))
+    return [(Linear(8, 4), (x,), {}), (LayerNorm(8), (x,), {}), (RMSNorm(8, 1e-6), (x,), {}),
+            (GELU(), (x,), {}), (GELU("tanh"), (x,), {}),
+            (Embedding(5, 8), (np.array([[0, 1, 1]]),), {}),
+            (FusedAttention(8, 2), (x,), {"is_causal": True})]
+
+
+def test_each_class_runs_its_kernels_by_default(monkeypatch):
+    """Every kernel replaced by a function that raises: outside reference_path each class
+    fails, inside it each runs."""
+    from numpy_tf.layers import multihead
+    for module, name in [(activations, "gelu_forward_blocks"),
+                         (activations, "gelu_backward_blocks"), (linear, "linear_rows"),
+                         (norm, "layernorm_rows"), (norm, "layernorm_rows_backward"),
+                         (norm, "rmsnorm_rows"), (norm, "rmsnorm_rows_backward"),
+                         (embedding, "embedding_backward_into"),
+                         (multihead, "attention_backward_into"), (multihead, "qkv_gradient")]:
+        monkeypatch.setattr(module, name, _raises)
+    for layer, args, kwargs in _layers():
+        _run(layer, args, kwargs, reference=True)
+        with pytest.raises(RuntimeError, match="replaced function ran"):
+            _run(layer, args, kwargs, reference=False)
+
+
+def test_each_class_runs_its_references_inside_reference_path(monkeypatch):
+    """Every reference function a class has a kernel for replaced by one that raises: the
+    default path runs, reference_path fails."""
+    from numpy_tf.layers import multihead
+    for module, name in [(activations, "gelu_forward"), (activations, "gelu_backward"),
+                         (linear, "linear_forward"), (norm, "layernorm_forward"),
+                         (norm, "layernorm_backward"), (norm, "rmsnorm_forward"),
+                         (norm, "rmsnorm_backward"), (embedding, "embedding_backward"),
+                         (multihead, "attention_backward")]:
+        monkeypatch.setattr(module, name, _raises)
+    for layer, args, kwargs in _layers():
+        _run(layer, args, kwargs, reference=False)
+        with pytest.raises(RuntimeError, match="replaced function ran"):
+            _run(layer, args, kwargs, reference=True)
