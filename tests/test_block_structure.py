@@ -232,9 +232,8 @@ def _plain_tuples(node, path="cache") -> list[str]:
     return found
 
 
-# Tuples a layer or container builds, not a model: the attention layouts' projection caches and
-# RoPE pair (layers/multihead.py) and Sequential's list of caches (core/module.py, GPT's FFN).
-LAYER_TUPLES = ("projections", "rope", "feedforward")
+# Tuples a layer or container builds, not a model (none left: layers/ and core/ name theirs too).
+LAYER_TUPLES = ()
 
 
 def _rng():

@@ -326,7 +326,7 @@ class ModuleList(Module):
 
 
 class SequentialCache(NamedTuple):
-    caches: tuple               # one cache per module, in the order the modules ran
+    caches: list                # one cache per module, in the order the modules ran
 
 
 class Sequential(ModuleList):
@@ -342,7 +342,7 @@ class Sequential(ModuleList):
         for module in self:
             x, cache = module.forward(x)
             caches.append(cache)
-        return x, SequentialCache(tuple(caches))
+        return x, SequentialCache(caches)
 
     def backward(self, dout: np.ndarray, cache: SequentialCache):
         for module, module_cache in zip(reversed(list(self)), reversed(cache.caches)):
