@@ -15,6 +15,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 
 OLD_PATHS = {
     "accounting": "models.accounting", "activations": "layers.activations",
@@ -39,10 +40,41 @@ OLD_PATHS = {
     "transformer_layers": "models.encoder_decoder.layers", "validate": "core.validate",
     "verify": "checking.fixtures",
 }
+# old modules whose code now lives in several: the old path shows the names of all of them
+SPLIT = {
+    "cbow": ("models.cbow", "training.cbow", "text.vocabulary"),
+    "data": ("text.datasets", "text.corpus"),
+    "train": ("training.trainer", "training.tasks"),
+}
+
+
+class _Joined(types.ModuleType):
+    """An old module split in several: each name is looked up in the new modules in order."""
+
+    def __init__(self, name: str, parts: tuple[str, ...]):
+        super().__init__(name, f"numpy_tf.{name.rpartition('.')[2]}: now "
+                         + ", ".join(f"numpy_tf.{part}" for part in parts))
+        self._parts = [importlib.import_module(f"numpy_tf.{part}") for part in parts]
+
+    def __getattr__(self, name: str):
+        for part in self._parts:
+            if hasattr(part, name):
+                return getattr(part, name)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __dir__(self):
+        return sorted({name for part in self._parts for name in dir(part)})
+
+
+_JOINED: dict[str, _Joined] = {}
 
 
 def new_module(old: str):
     """The module an old flat name now stands for (imported on first use)."""
+    if old in SPLIT:
+        if old not in _JOINED:
+            _JOINED[old] = _Joined(f"numpy_tf.{old}", SPLIT[old])
+        return _JOINED[old]
     return importlib.import_module(f"numpy_tf.{OLD_PATHS[old]}")
 
 

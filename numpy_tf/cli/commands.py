@@ -652,7 +652,8 @@ def main(argv=None) -> int:
     check_parser.set_defaults(run=check)
 
     train_parser = commands.add_parser("train", help="train a model on a text (default: the "
-                                       "tiny GPT on the text that ships with numpy_tf)")
+                                       "byte-level GPT char-gpt on the text that ships with "
+                                       "numpy_tf)")
     train_parser.add_argument("--task", choices=("text", "reverse-digits"), default=None,
                               help="text: a GPT on a text; reverse-digits: the "
                                    "encoder-decoder learns to reverse digit strings (default: "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import shutil
-from pathlib import Path
 
 from .layer_table import LayerSpec, layer
 
@@ -46,8 +45,8 @@ def explain(name: str, side_by_side: bool = False, width: int | None = None) -> 
     """The text `numpy-tf explain NAME` prints. Unknown name: ValueError listing the known."""
     spec = layer(name)
     width = width or shutil.get_terminal_size((100, 24)).columns
-    path = Path(inspect.getsourcefile(spec.module)).name
-    header = [_rule(f"{name}: numpy_tf/{path}", width)]
+    path = "/".join(spec.module.__name__.split(".")) + ".py"       # numpy_tf/layers/norm.py
+    header = [_rule(f"{name}: {path}", width)]
     header += (inspect.getdoc(spec.module) or "").splitlines() + [""]
     left, right = _parts(spec)
     if side_by_side:
