@@ -101,6 +101,9 @@ def _kwargs_of(module: Module, kind: str) -> dict:
     if not isinstance(module, Transformer):
         raise TypeError(f"kind 'transformer' needs a numpy_tf Transformer; got "
                         f"{type(module).__name__}")
+    if module.encoder.norm is None or module.decoder.norm is None:
+        raise ValueError("the module was built with final_norms=False, but torch.nn.Transformer "
+                         "always has encoder.norm and decoder.norm: it has no such state_dict")
     layer = module.encoder.layers[0]
     return {"d_model": module.d_model, "nhead": module.nhead,
             "num_encoder_layers": len(module.encoder.layers),

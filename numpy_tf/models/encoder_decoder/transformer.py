@@ -7,7 +7,9 @@ Shapes: B batch, S source length, T target length, C = d_model, H = nhead.
 
 The layers (Post-LN or Pre-LN, their sub-layers and KV caches) are in
 numpy_tf.models.encoder_decoder.layers. Each stack ends with a final LayerNorm (`encoder.norm`,
-`decoder.norm`), which nn.Transformer always adds, Pre-LN or Post-LN.
+`decoder.norm`), which nn.Transformer always adds, Pre-LN or Post-LN; `final_norms=False`
+leaves both out (the stacks then end with their last layer, as many Post-LN codebases build
+them).
 
 Masks have torch's meaning (SPEC §4): bool True = blocked, float added to the scores.
     src_mask (S, S), tgt_mask (T, T), memory_mask (T, S), or (B * H, ., .) for one per head;
@@ -148,6 +150,9 @@ class Transformer(Module):
     """torch.nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers,
     dim_feedforward, dropout, activation, layer_norm_eps, batch_first=True, norm_first, bias),
     with torch's defaults; every weight matrix xavier-uniform as torch initialises it.
+    `final_norms=False` (numpy_tf's option: torch.nn.Transformer always has them) leaves out
+    the stacks' final LayerNorms, encoder.norm and decoder.norm, as a torch TransformerEncoder /
+    TransformerDecoder built without `norm` (a Post-LN stack already ends in a LayerNorm).
     forward(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
             tgt_key_padding_mask, memory_key_padding_mask, src_is_causal, tgt_is_causal,
             memory_is_causal, rng) -> (out (B, T, C), cache); backward(dout, cache) ->
@@ -157,8 +162,10 @@ class Transformer(Module):
                  num_decoder_layers: int = 6, dim_feedforward: int = 2048,
                  dropout: float = 0.1, activation: str = "relu", layer_norm_eps: float = 1e-5,
                  batch_first: bool = True, norm_first: bool = False, bias: bool = True, *,
-                 rng: np.random.Generator | int = 0, dtype=np.float64):
+                 final_norms: bool = True, rng: np.random.Generator | int = 0,
+                 dtype=np.float64):
         super().__init__(dtype)
+        final_norms = validate.flag("final_norms", final_norms)
         rng = np.random.default_rng(rng)
         options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
                        layer_norm_eps=layer_norm_eps, batch_first=batch_first,
@@ -166,10 +173,10 @@ class Transformer(Module):
         self.d_model, self.nhead = d_model, nhead
         self.encoder = TransformerEncoder(
             TransformerEncoderLayer(d_model, nhead, **options), num_encoder_layers,
-            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype))
+            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype) if final_norms else None)
         self.decoder = TransformerDecoder(
             TransformerDecoderLayer(d_model, nhead, **options), num_decoder_layers,
-            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype))
+            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype) if final_norms else None)
         for parameter in self.parameters():
             if parameter.data.ndim > 1:                                 # xavier_uniform_
                 bound = math.sqrt(6.0 / sum(parameter.shape))
