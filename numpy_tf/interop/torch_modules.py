@@ -19,16 +19,12 @@ import numpy as np
 from ..core.module import Module, float_dtype
 from ..layers.activations import GELU
 from ..layers.multihead import TorchMultiheadAttention
-from ..models.encoder_decoder.transformer import Transformer
+from ..models.encoder_decoder.transformer import TORCH_TRANSFORMER_DEFAULTS, Transformer
 from .layout import Layout
 
 _REQUIRED = object()
 _TORCH_DEFAULTS = {
-    "transformer": {"d_model": 512, "nhead": 8, "num_encoder_layers": 6,
-                    "num_decoder_layers": 6, "dim_feedforward": 2048, "dropout": 0.1,
-                    "activation": "relu", "custom_encoder": None, "custom_decoder": None,
-                    "layer_norm_eps": 1e-5, "batch_first": False, "norm_first": False,
-                    "bias": True},
+    "transformer": TORCH_TRANSFORMER_DEFAULTS,
     "multihead_attention": {"embed_dim": _REQUIRED, "num_heads": _REQUIRED, "dropout": 0.0,
                             "bias": True, "add_bias_kv": False, "add_zero_attn": False,
                             "kdim": None, "vdim": None, "batch_first": False},

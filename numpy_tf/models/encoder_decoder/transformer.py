@@ -48,6 +48,14 @@ from .layers import (TransformerDecoderLayer, TransformerEncoderLayer, check_att
 __all__ = ["Transformer", "TransformerEncoder", "TransformerDecoder",
            "TransformerEncoderLayer", "TransformerDecoderLayer"]
 
+# torch.nn.Transformer's keyword arguments and torch's defaults (those numpy_tf reads: the
+# interop converters and parameter accounting take its kwargs; device and dtype are not read)
+TORCH_TRANSFORMER_DEFAULTS = {
+    "d_model": 512, "nhead": 8, "num_encoder_layers": 6, "num_decoder_layers": 6,
+    "dim_feedforward": 2048, "dropout": 0.1, "activation": "relu", "custom_encoder": None,
+    "custom_decoder": None, "layer_norm_eps": 1e-5, "batch_first": False, "norm_first": False,
+    "bias": True}
+
 
 class StackCache(NamedTuple):
     layers: list                    # one EncoderLayerCache per layer, in forward order
