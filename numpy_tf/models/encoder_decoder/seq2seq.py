@@ -35,7 +35,7 @@ both returned in the decode cache (`present`, `cross_kv`).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -46,6 +46,7 @@ from ...layers.embedding import Embedding, EmbeddingCache
 from ...layers.linear import Linear, LinearCache
 from ...layers.positions import SinusoidalPositions
 from ...text.datasets import DIGIT_VOCAB_SIZE
+from ..resize import check_new_size, normal, resize_embedding, resize_head, uniform
 from .transformer import DecoderCache, StackCache, Transformer
 
 
@@ -138,6 +139,32 @@ class Seq2Seq(Module):
                                        rng=rng, dtype=dtype)
         self.output = Linear(c.d_model, c.tgt_vocab_size, rng=rng, dtype=dtype)
         self.scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
+
+    def resize_token_embeddings(self, new_num_tokens: int, *, rng: np.random.Generator,
+                                side: str = "both") -> None:
+        """A vocabulary grown (or cut) to new_num_tokens (numpy_tf.models.resize): `side`
+        "tgt" resizes tgt_embedding and the output head (weight and bias), "src" the
+        src_embedding, "both" (a vocabulary both sides share, the default) all three; the new
+        rows as the model draws them, from `rng`: embeddings N(0, 1) (torch's Embedding), the
+        head U(+-1/sqrt(d_model)) (torch's Linear). The config's vocabulary sizes follow. A
+        source of feature vectors has no vocabulary: "both" is then the target's."""
+        n = check_new_size(new_num_tokens)
+        validate.choice("side", side, ("both", "src", "tgt"))
+        rng = validate.generator("rng", rng)
+        c = self.config
+        if side == "src" and c.src_features is not None:
+            raise ValueError(f"side 'src': the source is feature vectors (src_features="
+                             f"{c.src_features}), it has no vocabulary to resize")
+        changes = {}
+        if side in ("both", "src") and c.src_features is None:
+            resize_embedding(self.src_embedding, n, normal(rng, 1.0, self.dtype))
+            changes["src_vocab_size"] = n
+        if side in ("both", "tgt"):
+            resize_embedding(self.tgt_embedding, n, normal(rng, 1.0, self.dtype))
+            head = uniform(rng, c.d_model, self.dtype)
+            resize_head(self.output, n, head, head)
+            changes["tgt_vocab_size"] = n
+        self.config = replace(c, **changes)
 
     def _embed(self, embedding: Embedding, ids, offset: int = 0):
         """x = scale E[ids] + PE[offset ..]: ids (B, L) -> x (B, L, C), for either side."""
