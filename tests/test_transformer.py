@@ -287,8 +287,8 @@ def test_bad_input():
         model.forward(src.astype(np.float32), tgt)
     with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by nhead \(4\)"):
         Transformer(d_model=10, nhead=4)
-    with pytest.raises(ValueError, match="batch-first only.*got batch_first=False"):
-        Transformer(**SMALL, batch_first=False)
+    with pytest.raises(TypeError, match="batch_first must be True or False; got 0"):
+        Transformer(**SMALL, batch_first=0)
     with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu'"):
         TransformerEncoderLayer(8, 2, activation=np.tanh)
     with pytest.raises(ValueError, match="give either memory or static_kv"):
@@ -338,7 +338,6 @@ def test_interop_names_every_problem():
 
 
 @pytest.mark.parametrize("kind, kwargs, message", [
-    ("transformer", {"d_model": 8, "nhead": 2}, "batch_first=False is not supported"),
     ("transformer", {"batch_first": True, "activation": "tanh"},
      "activation must be the string 'relu' or 'gelu'"),
     ("transformer", {"batch_first": True, "device": "cpu"},
@@ -358,6 +357,11 @@ def test_interop_names_every_problem():
 def test_unsupported_torch_options_are_refused(kind, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         interop.from_torch(kind, kwargs, {})
+
+
+def test_batch_first_must_be_a_flag():
+    with pytest.raises(TypeError, match="batch_first must be True or False; got 'yes'"):
+        interop.from_torch("transformer", {"batch_first": "yes"}, {})
 
 
 @pytest.mark.torch

@@ -3,7 +3,8 @@
     module = interop.from_torch(kind, kwargs, state_dict, dtype=np.float64)
         kind "transformer" (torch.nn.Transformer) or "multihead_attention"
         (torch.nn.MultiheadAttention); kwargs: the torch constructor's keyword arguments
-        (batch_first=True); state_dict: {torch key: numpy array}
+        (batch_first as torch: False by default, sequence-first (S, B, C) inputs; the weights
+        are the same either way); state_dict: {torch key: numpy array}
     params = interop.to_torch(module, kind, kwargs)    # the loaded state_dict, bit for bit
     grads = interop.to_torch(module, kind, kwargs, grads=True)
 
@@ -16,6 +17,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ..core import validate
 from ..core.module import Module, float_dtype
 from ..layers.activations import GELU
 from ..layers.multihead import TorchMultiheadAttention
@@ -52,10 +54,7 @@ def torch_kwargs(kind: str, kwargs: Mapping) -> dict:
     missing = [key for key, value in args.items() if value is _REQUIRED]
     if missing:
         raise ValueError(f"{_TORCH_CLASSES[kind]} needs {', '.join(missing)}")
-    if args["batch_first"] is not True:
-        raise ValueError(f"batch_first={args['batch_first']!r} is not supported: numpy_tf is "
-                         "batch-first ((B, L, C) inputs); build the torch module with "
-                         "batch_first=True (its weights are the same)")
+    validate.flag("batch_first", args["batch_first"])
     refused = {"custom_encoder": None, "custom_decoder": None, "add_bias_kv": False,
                "add_zero_attn": False}
     for key, supported in refused.items():
@@ -79,7 +78,8 @@ def torch_equivalent(kind: str, kwargs: Mapping, dtype=np.float64) -> Module:
     dtype = float_dtype(dtype)
     if kind == "multihead_attention":
         return TorchMultiheadAttention(args["embed_dim"], args["num_heads"], args["dropout"],
-                                       args["bias"], dtype=dtype)
+                                       args["bias"], batch_first=args["batch_first"],
+                                       dtype=dtype)
     names = ("d_model", "nhead", "num_encoder_layers", "num_decoder_layers",
              "dim_feedforward", "dropout", "activation", "layer_norm_eps", "batch_first",
              "norm_first", "bias")
@@ -87,7 +87,8 @@ def torch_equivalent(kind: str, kwargs: Mapping, dtype=np.float64) -> Module:
 
 
 def _kwargs_of(module: Module, kind: str) -> dict:
-    """The torch keyword arguments a numpy_tf module was built with (to check to_torch)."""
+    """The torch keyword arguments a numpy_tf module was built with (to check to_torch); not
+    batch_first: the state_dict is the same in either layout."""
     if kind == "multihead_attention":
         if not isinstance(module, TorchMultiheadAttention):
             raise TypeError(f"kind 'multihead_attention' needs a TorchMultiheadAttention; got "

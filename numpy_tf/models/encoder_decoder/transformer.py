@@ -1,6 +1,10 @@
-"""The encoder-decoder Transformer, equal to torch.nn.Transformer(batch_first=True).
+"""The encoder-decoder Transformer, equal to torch.nn.Transformer.
 
-Shapes: B batch, S source length, T target length, C = d_model, H = nhead.
+Shapes: B batch, S source length, T target length, C = d_model, H = nhead. With
+batch_first=True (numpy_tf's default) src is (B, S, C), tgt and the output (B, T, C); with
+batch_first=False (torch's default) they are sequence-first, (S, B, C) and (T, B, C), and so
+are dout and the gradients; masks are the same in both (each layer swaps the axes at its entry
+and exit, see layers.py).
 
     memory = encoder.norm(encoder layers(src))              (B, S, C)
     out    = decoder.norm(decoder layers(tgt, memory))      (B, T, C)
@@ -43,7 +47,7 @@ from ...core import validate
 from ...core.module import Module, ModuleList
 from ...layers.norm import LayerNorm, LayerNormCache
 from .layers import (TransformerDecoderLayer, TransformerEncoderLayer, check_attention_mask,
-                     check_padding_mask, check_sequence)
+                     check_padding_mask, caller_layout, check_sequence, legend)
 
 __all__ = ["Transformer", "TransformerEncoder", "TransformerDecoder",
            "TransformerEncoderLayer", "TransformerDecoderLayer"]
@@ -156,8 +160,9 @@ class TransformerCache(NamedTuple):
 
 class Transformer(Module):
     """torch.nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers,
-    dim_feedforward, dropout, activation, layer_norm_eps, batch_first=True, norm_first, bias),
-    with torch's defaults; every weight matrix xavier-uniform as torch initialises it.
+    dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias),
+    with torch's defaults but batch_first (True here: (B, S, C); False: (S, B, C), torch's);
+    every weight matrix xavier-uniform as torch initialises it.
     `final_norms=False` (numpy_tf's option: torch.nn.Transformer always has them) leaves out
     the stacks' final LayerNorms, encoder.norm and decoder.norm, as a torch TransformerEncoder /
     TransformerDecoder built without `norm` (a Post-LN stack already ends in a LayerNorm).
@@ -179,6 +184,7 @@ class Transformer(Module):
                        layer_norm_eps=layer_norm_eps, batch_first=batch_first,
                        norm_first=norm_first, bias=bias, rng=rng, dtype=dtype)
         self.d_model, self.nhead = d_model, nhead
+        self.batch_first = validate.flag("batch_first", batch_first)
         self.encoder = TransformerEncoder(
             TransformerEncoderLayer(d_model, nhead, **options), num_encoder_layers,
             LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype) if final_norms else None)
@@ -194,12 +200,13 @@ class Transformer(Module):
                 src_key_padding_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
                 memory_is_causal=False, rng=None):
-        check_sequence("src", src, self.d_model, self.dtype, "(B, S, C)")
-        check_sequence("tgt", tgt, self.d_model, self.dtype, "(B, T, C)")
-        if src.shape[0] != tgt.shape[0]:
-            raise ValueError(f"src and tgt must have the same batch size; got {src.shape[0]} "
-                             f"and {tgt.shape[0]}")
-        batch, sources = src.shape[:2]
+        check_sequence("src", src, self.d_model, self.dtype, legend("S", self.batch_first))
+        check_sequence("tgt", tgt, self.d_model, self.dtype, legend("T", self.batch_first))
+        batch, sources = caller_layout(src, self.batch_first).shape[:2]
+        if caller_layout(tgt, self.batch_first).shape[0] != batch:
+            axis = 0 if self.batch_first else 1
+            raise ValueError(f"src and tgt must have the same batch size; got {src.shape[axis]} "
+                             f"and {tgt.shape[axis]}")
         check_attention_mask("src_mask", src_mask, batch, self.nhead, sources, sources,
                              src.dtype, ("S", "S"))
         check_padding_mask("src_key_padding_mask", src_key_padding_mask, batch, sources,
