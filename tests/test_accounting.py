@@ -271,7 +271,8 @@ def test_torch_kwargs_in_every_form_the_config_reader_takes(tmp_path, capsys):
     ({"torch_module": "torch.nn.LSTM"}, "torch_module 'torch.nn.LSTM' is not supported; "
                                         "supported: torch.nn.Transformer"),
     ({"torch_module": "torch.nn.Transformer", "d_modle": 512},
-     "torch.nn.Transformer kwargs: no argument 'd_modle'; its arguments: d_model, nhead"),
+     "torch.nn.Transformer has no supported argument 'd_modle'; numpy_tf reads d_model, "
+     "nhead"),
     ({"torch_module": "torch.nn.Transformer", "d_model": 510},
      r"d_model \(510\) must be divisible by nhead \(8\)"),
     ({"torch_module": "torch.nn.Transformer", "nhead": 0},

@@ -5,6 +5,7 @@ gradient; the two layouts of numpy_tf against each other (bit for bit, but the s
 norms' parameter gradients, to rounding) and by finite differences."""
 import numpy as np
 import pytest
+from contract import spread_parameters as _spread
 
 from numpy_tf import gradcheck_module, interop
 from numpy_tf.layers.multihead import TorchMultiheadAttention
@@ -28,16 +29,6 @@ def _padding(lengths, length):
 def _layout(x, batch_first):
     """A (B, L, C) array in the module's layout."""
     return x if batch_first else np.ascontiguousarray(x.swapaxes(0, 1))
-
-
-def _spread(module, seed):
-    """Every parameter redrawn (norm weights around 1), so no default hides a mistake."""
-    rng = np.random.default_rng(seed)
-    for name, parameter in module.named_parameters():
-        noise = rng.standard_normal(parameter.shape)
-        parameter.data[...] = 1.0 + 0.2 * noise if "norm" in name and name.endswith(
-            "weight") else 0.5 * noise
-    return module
 
 
 # (name, numpy_tf factory(batch_first), its inputs in (B, L, C), forward kwargs)

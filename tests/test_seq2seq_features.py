@@ -5,6 +5,7 @@ torch.nn modules."""
 import numpy as np
 import pytest
 from contract import check_contract
+from contract import spread_parameters as _spread
 
 from numpy_tf import gradcheck_module, interop
 from numpy_tf.generation.decoding import generate_seq2seq
@@ -15,16 +16,6 @@ from numpy_tf.training.checkpoint import load_checkpoint, save_checkpoint
 
 FEATURES = dict(src_vocab_size=None, src_features=5, tgt_vocab_size=7, d_model=8, nhead=2,
                 num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=12)
-
-
-def _spread(module, seed, std=0.5):
-    """Every parameter redrawn (norm weights around 1), so no default hides a mistake."""
-    rng = np.random.default_rng(seed)
-    for name, parameter in module.named_parameters():
-        noise = rng.standard_normal(parameter.shape)
-        is_norm_weight = "norm" in name and name.endswith("weight")
-        parameter.data[...] = 1.0 + 0.2 * noise if is_norm_weight else std * noise
-    return module
 
 
 def _inputs(seed, batch=2, sources=6, targets=4, features=5, vocab=7):

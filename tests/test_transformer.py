@@ -3,6 +3,7 @@ sequence-to-sequence model and its loss, and the conversion to and from torch's 
 import numpy as np
 import pytest
 from contract import assert_fixture_agrees, check_contract, random_like
+from contract import spread_parameters as _spread
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,17 +24,6 @@ SMALL = dict(d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
 
 def _x(seed, *shape):
     return np.random.default_rng(seed).standard_normal(shape)
-
-
-def _spread(module, seed, std=0.5):
-    """Every parameter redrawn (norm weights around 1), so no default of ones and zeros hides a
-    mistake and attention is far from uniform."""
-    rng = np.random.default_rng(seed)
-    for name, parameter in module.named_parameters():
-        noise = rng.standard_normal(parameter.shape)
-        is_norm_weight = "norm" in name and name.endswith("weight")
-        parameter.data[...] = 1.0 + 0.2 * noise if is_norm_weight else std * noise
-    return module
 
 
 def _padding(real_lengths, length, left=False):

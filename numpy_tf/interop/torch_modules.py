@@ -44,13 +44,7 @@ def torch_kwargs(kind: str, kwargs: Mapping) -> dict:
     if not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a dict of {_TORCH_CLASSES[kind]}(...)'s keyword "
                         f"arguments; got {type(kwargs).__name__}")
-    defaults = _TORCH_DEFAULTS[kind]
-    unknown = [key for key in kwargs if key not in defaults]
-    if unknown:
-        raise ValueError(f"{_TORCH_CLASSES[kind]} has no supported argument "
-                         f"{', '.join(map(repr, unknown))}; numpy_tf reads "
-                         f"{', '.join(defaults)}")
-    args = {**defaults, **kwargs}
+    args = validate.over_defaults(_TORCH_CLASSES[kind], kwargs, _TORCH_DEFAULTS[kind])
     missing = [key for key, value in args.items() if value is _REQUIRED]
     if missing:
         raise ValueError(f"{_TORCH_CLASSES[kind]} needs {', '.join(missing)}")

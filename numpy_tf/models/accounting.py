@@ -467,12 +467,7 @@ def count_torch_transformer(kwargs: dict) -> Accounting:
     if not isinstance(kwargs, dict):
         raise TypeError(f"{TORCH_TRANSFORMER} kwargs must be a dict; got "
                         f"{type(kwargs).__name__}")
-    unknown = [key for key in kwargs if key not in TORCH_TRANSFORMER_DEFAULTS]
-    if unknown:
-        raise ValueError(f"{TORCH_TRANSFORMER} kwargs: no argument "
-                         f"{', '.join(map(repr, unknown))}; its arguments: "
-                         f"{', '.join(TORCH_TRANSFORMER_DEFAULTS)}")
-    args = {**TORCH_TRANSFORMER_DEFAULTS, **kwargs}
+    args = validate.over_defaults(TORCH_TRANSFORMER, kwargs, TORCH_TRANSFORMER_DEFAULTS)
     for key in ("custom_encoder", "custom_decoder"):
         if args[key] is not None:
             raise ValueError(f"{TORCH_TRANSFORMER} kwargs {key} must be null: a custom stack "
