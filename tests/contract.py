@@ -20,6 +20,17 @@ def random_like(rng: np.random.Generator, array: np.ndarray) -> np.ndarray:
     return rng.standard_normal(np.shape(array)).astype(array.dtype)
 
 
+def spread_parameters(module, seed: int, std: float = 0.5):
+    """Every parameter redrawn (norm weights around 1), so no default of ones and zeros hides a
+    mistake and attention is far from uniform. Returns the module."""
+    rng = np.random.default_rng(seed)
+    for name, parameter in module.named_parameters():
+        noise = rng.standard_normal(parameter.shape)
+        is_norm_weight = "norm" in name and name.endswith("weight")
+        parameter.data[...] = 1.0 + 0.2 * noise if is_norm_weight else std * noise
+    return module
+
+
 def _as_tuple(value):
     return value if isinstance(value, tuple) else (value,)
 

@@ -216,3 +216,144 @@ def test_bert_masked_lm_has_no_pooler():
     model = transformers.BertForMaskedLM(config)
     assert not any("pooler" in name for name, _ in model.named_parameters())
     assert not any("pooler" in row.name for row in account(config.to_dict()).rows)
+
+
+# -- the encoder-decoder: Seq2SeqConfig, torch.nn.Transformer kwargs, the base model -----------
+BASE_KWARGS = {"d_model": 512, "nhead": 8, "num_encoder_layers": 6, "num_decoder_layers": 6,
+               "dim_feedforward": 2048}
+
+
+def test_the_base_model_layer_stacks_hold_44_140_544():
+    """6 encoder layers (3,152,384 each), 6 decoder layers (4,204,032 each) and the two final
+    LayerNorms (1,024 each) that torch.nn.Transformer always adds."""
+    accounting = account("transformer-base")
+    assert accounting.total == 44_140_544 and accounting.model == "torch.nn.Transformer"
+    rows = {row.name: row.total for row in accounting.rows}
+    encoder = sum(t for n, t in rows.items() if n.startswith("encoder.layers.N."))
+    decoder = sum(t for n, t in rows.items() if n.startswith("decoder.layers.N."))
+    assert (encoder, decoder) == (6 * 3_152_384, 6 * 4_204_032) == (18_914_304, 25_224_192)
+    assert rows["encoder.norm"] == rows["decoder.norm"] == 2 * 512
+    assert encoder + decoder + 2048 == 44_140_544
+    assert account({"torch_module": "torch.nn.Transformer", **BASE_KWARGS}).total == 44_140_544
+    assert account({"torch_module": "torch.nn.Transformer"}).total == 44_140_544  # the defaults
+    text = str(accounting)
+    for line in ["d = 512, Le = 6, Ld = 6, no embeddings and no output head",
+                 "one encoder layer: 3,152,384 exact; 12·d² = 3,145,728 (off by -0.21%)",
+                 "one decoder layer: 4,204,032 exact; 16·d² = 4,194,304 (off by -0.23%)",
+                 "whole model: 44,140,544 exact; Le·12·d² + Ld·16·d² = 44,040,192"]:
+        assert line in text, line
+    summary = accounting.to_dict()
+    assert [(s["name"], s["layers"], s["block"]) for s in summary["stacks"]] == [
+        ("encoder layer", 6, 3_152_384), ("decoder layer", 6, 4_204_032)]
+
+
+def test_torch_kwargs_in_every_form_the_config_reader_takes(tmp_path, capsys):
+    spec = {"torch_module": "torch.nn.Transformer", **BASE_KWARGS, "bias": False}
+    path = tmp_path / "transformer.json"
+    path.write_text(json.dumps(spec))
+    for source in [str(path), json.dumps(spec)]:
+        assert main(["params", "--config", source, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        # no bias: 4d² per attention, d·F and F·d, a d-weight per LayerNorm
+        assert data["total"] == 6 * (4 * 512**2 + 2 * 512 * 2048 + 2 * 512) + \
+            6 * (8 * 512**2 + 2 * 512 * 2048 + 3 * 512) + 2 * 512 == 44_056_576
+    assert load_config("transformer-base") == {"torch_module": "torch.nn.Transformer",
+                                               **BASE_KWARGS, "dropout": 0.1,
+                                               "activation": "relu", "layer_norm_eps": 1e-5,
+                                               "norm_first": False, "bias": True,
+                                               "batch_first": True}
+    assert PRESETS["transformer-base"]["torch_module"] == "torch.nn.Transformer"
+
+
+@pytest.mark.parametrize("config, message", [
+    (BASE_KWARGS, "its keys are torch.nn.Transformer's keyword arguments .*: add "
+                  "\"torch_module\": \"torch.nn.Transformer\""),
+    ({"torch_module": "torch.nn.LSTM"}, "torch_module 'torch.nn.LSTM' is not supported; "
+                                        "supported: torch.nn.Transformer"),
+    ({"torch_module": "torch.nn.Transformer", "d_modle": 512},
+     "torch.nn.Transformer has no supported argument 'd_modle'; numpy_tf reads d_model, "
+     "nhead"),
+    ({"torch_module": "torch.nn.Transformer", "d_model": 510},
+     r"d_model \(510\) must be divisible by nhead \(8\)"),
+    ({"torch_module": "torch.nn.Transformer", "nhead": 0},
+     "torch.nn.Transformer kwargs nhead must be a positive integer; got 0"),
+    ({"torch_module": "torch.nn.Transformer", "custom_encoder": "mine"},
+     "custom_encoder must be null: a custom stack cannot be counted"),
+    ({"family": "seq2seq", "d_model": 10, "nhead": 4}, r"d_model \(10\) must be divisible"),
+])
+def test_bad_encoder_decoder_configs_are_clear_errors(config, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        account(config)
+
+
+def test_a_seq2seq_without_final_norms_has_no_torch_kwargs():
+    from numpy_tf.models.accounting import torch_transformer_config
+    from numpy_tf.models.encoder_decoder.seq2seq import Seq2SeqConfig
+
+    with pytest.raises(ValueError, match="final_norms=False has no torch.nn.Transformer kwargs"):
+        torch_transformer_config(Seq2SeqConfig(final_norms=False))
+
+
+# the sinusoidal positions need an even d_model (sin and cos fill the pairs)
+SEQ2SEQ_DRAWS = dict(sources=st.one_of(st.integers(1, 9), st.none()),
+                     features=st.integers(1, 5), targets=st.integers(1, 9),
+                     heads=st.integers(1, 3), head_dim=st.sampled_from([2, 4]),
+                     encoder_layers=st.integers(1, 3), decoder_layers=st.integers(1, 3),
+                     ffn=st.integers(1, 7), bias=st.booleans(), final_norms=st.booleans())
+
+
+@given(**SEQ2SEQ_DRAWS)
+def test_seq2seq_formula_equals_the_built_model_row_by_row(sources, features, targets, heads,
+                                                           head_dim, encoder_layers,
+                                                           decoder_layers, ffn, bias,
+                                                           final_norms):
+    from numpy_tf.models.encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
+
+    config = Seq2SeqConfig(src_vocab_size=sources,
+                           src_features=None if sources is not None else features,
+                           tgt_vocab_size=targets, d_model=heads * head_dim, nhead=heads,
+                           num_encoder_layers=encoder_layers,
+                           num_decoder_layers=decoder_layers, dim_feedforward=ffn, bias=bias,
+                           final_norms=final_norms)
+    model = Seq2Seq(config)
+    accounting = account(config)
+    assert_rows_match(accounting, [(n, p.size) for n, p in model.named_parameters()])
+    assert accounting.total == model.num_parameters()
+    assert account({"family": "seq2seq", **config.to_dict()}).total == accounting.total
+
+
+def test_counting_the_base_model_allocates_no_weights():
+    tracemalloc.start()
+    account("transformer-base")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 2**20, f"{peak} bytes"
+
+
+@pytest.mark.torch
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
+def test_the_base_model_count_is_torch_nn_transformers():
+    torch = pytest.importorskip("torch")
+    with torch.device("meta"):                      # shapes only: nothing allocated
+        model = torch.nn.Transformer()
+    named = [(n, p.numel()) for n, p in model.named_parameters()]
+    assert sum(size for _, size in named) == 44_140_544
+    assert_rows_match(account("transformer-base"), named)
+    assert sum(s for n, s in named if n.startswith(("encoder.norm", "decoder.norm"))) == 2048
+
+
+@pytest.mark.torch
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
+@given(heads=st.integers(1, 3), head_dim=st.integers(1, 3), encoder_layers=st.integers(1, 3),
+       decoder_layers=st.integers(1, 3), ffn=st.integers(1, 7), bias=st.booleans(),
+       norm_first=st.booleans())
+def test_torch_kwargs_formula_equals_torch_nn_transformer_row_by_row(
+        heads, head_dim, encoder_layers, decoder_layers, ffn, bias, norm_first):
+    torch = pytest.importorskip("torch")
+    kwargs = dict(d_model=heads * head_dim, nhead=heads, num_encoder_layers=encoder_layers,
+                  num_decoder_layers=decoder_layers, dim_feedforward=ffn, bias=bias,
+                  norm_first=norm_first, batch_first=True)
+    with torch.device("meta"):
+        model = torch.nn.Transformer(**kwargs)
+    accounting = account({"torch_module": "torch.nn.Transformer", **kwargs})
+    assert_rows_match(accounting, [(n, p.numel()) for n, p in model.named_parameters()])

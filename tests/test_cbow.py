@@ -198,3 +198,54 @@ def test_save_and_load_keep_weights_and_vocabulary(tmp_path):
     with pytest.raises(ValueError, match="not a CBOW file"):
         np.savez(tmp_path / "other.npz", x=np.zeros(2))
         load_cbow(tmp_path / "other.npz")
+
+
+# -- sentences: windows stay inside each one ---------------------------------------------------
+FIVE_SENTENCES = ["I like reading this book", "we play football after school",
+                  "the cat sleeps all day", "she drinks green tea daily",
+                  "sports keep people very healthy"]
+
+
+def test_five_five_word_sentences_give_five_pairs_not_twenty_one():
+    vocabulary = Vocabulary.build([w for s in FIVE_SENTENCES for w in words(s)])
+    sentences = [vocabulary.encode(words(s)) for s in FIVE_SENTENCES]
+    pairs = cbow_pairs(sentences, 2)
+    assert len(pairs.centres) == 5
+    assert len(cbow_pairs(np.concatenate(sentences), 2).centres) == 21      # one stream
+    for sentence, context, centre in zip(sentences, pairs.contexts, pairs.centres):
+        assert centre == sentence[2]                 # the middle word, with its own four
+        assert list(context) == [sentence[0], sentence[1], sentence[3], sentence[4]]
+    # lists of ids work as well as arrays; a sentence too short for a window gives nothing
+    mixed = cbow_pairs([[1, 2, 3, 4, 5, 6], [7, 8], (9, 10, 11)], 1)
+    assert mixed.contexts.tolist() == [[1, 3], [2, 4], [3, 5], [4, 6], [9, 11]]
+    assert mixed.centres.tolist() == [2, 3, 4, 5, 10]
+
+
+def test_train_cbow_on_sentences_uses_the_pairs_inside_each():
+    trained = train_cbow(FIVE_SENTENCES, window=2, dim=3, epochs=2, batch_size=2, lr=0.0,
+                         rng=np.random.default_rng(0))
+    assert len(trained.vocabulary) == 25 and trained.vocabulary.tokens[:3] == ("i", "like",
+                                                                               "reading")
+    sentences = [trained.vocabulary.encode(words(s)) for s in FIVE_SENTENCES]
+    pairs = cbow_pairs(sentences, 2)
+    assert len(pairs.centres) == 5
+    expected, _ = cross_entropy(trained.model.forward(pairs.contexts)[0], pairs.centres)
+    np.testing.assert_allclose(trained.losses, float(expected), rtol=1e-13)   # lr = 0
+    as_ids = train_cbow(sentences, window=2, dim=3, epochs=2, batch_size=2, lr=0.0,
+                        rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(as_ids.losses, trained.losses)
+    assert as_ids.model.vocab_size == 25 and as_ids.vocabulary is None
+
+
+def test_bad_sentences_are_named():
+    rng = np.random.default_rng(0)
+    with pytest.raises(TypeError, match="data sentences must be all texts or all id sequences; "
+                                        r"got a mix \(sentence 1 differs"):
+        train_cbow(["a b c d e", [1, 2, 3, 4, 5]], window=2, rng=rng)
+    with pytest.raises(ValueError, match=r"data\[1\] must be integers in \[0, 3\); got 7"):
+        train_cbow([[0, 1, 2], [2, 7, 1]], window=1, vocabulary=Vocabulary(["a", "b", "c"]),
+                   rng=rng)
+    with pytest.raises(ValueError, match="no CBOW pairs: window 3 needs at least"):
+        train_cbow(FIVE_SENTENCES, window=3, rng=rng)    # 5 words each: no full window
+    with pytest.raises(TypeError, match=r"ids\[0\] must be integers; got dtype float64"):
+        cbow_pairs([np.zeros(5)], 1)

@@ -288,8 +288,9 @@ def test_bad_saved_data(tmp_path):
     good = BPETokenizer([(A, B)], ["<pad>"]).to_dict()
     with pytest.raises(ValueError, match="format 'numpy_tf.tokenizer'"):
         ByteTokenizer.from_dict({"merges": []})
-    with pytest.raises(ValueError, match="version 2 is not supported"):
-        ByteTokenizer.from_dict({**good, "version": 2})
+    with pytest.raises(ValueError, match=r"version 3 is not supported \(this numpy_tf reads "
+                                         r"versions 1, 2\)"):
+        ByteTokenizer.from_dict({**good, "version": 3})
     with pytest.raises(ValueError, match=r"merges\[0\] must be a pair of ids, each a byte "
                                          r"\(0..255\); got \[256, 98\]"):
         ByteTokenizer.from_dict({**good, "merges": [[256, B]]})          # 256 is <pad>
@@ -299,3 +300,75 @@ def test_bad_saved_data(tmp_path):
     save_npz(tmp_path / "weights.npz", {"param/w": np.ones(2)})
     with pytest.raises(ValueError, match="no 'tokenizer' array among"):
         ByteTokenizer.load(tmp_path / "weights.npz")
+
+
+# --- special tokens added after training --------------------------------------------------
+def _copy(tokenizer):
+    return type(tokenizer).from_dict(tokenizer.to_dict())
+
+
+def test_added_special_tokens_come_after_the_vocabulary_and_change_nothing_else(trained):
+    tokenizer = _copy(trained)
+    texts = AWKWARD + [default_corpus()[:2000]]
+    before = [tokenizer.encode(text) for text in texts]
+    assert tokenizer.add_special_tokens(["<sep>", "<cls>"]) == [400, 401]
+    assert tokenizer.vocab_size == 402 and tokenizer.merges == trained.merges
+    assert tokenizer.special_tokens == trained.special_tokens
+    assert tokenizer.added_tokens == ("<sep>", "<cls>")
+    for text, ids in zip(texts, before):                      # existing ids unchanged
+        np.testing.assert_array_equal(tokenizer.encode(text), ids)
+    for token_id in range(400):
+        assert tokenizer.token_bytes(token_id) == trained.token_bytes(token_id)
+    ids = tokenizer.encode("question<sep> answer<cls><eos>")
+    assert list(ids[-2:]) == [401, tokenizer.eos_id] and 400 in ids
+    assert tokenizer.special_id("<cls>") == 401
+    assert tokenizer.decode(ids) == "question<sep> answer<cls><eos>"
+    assert tokenizer.decode(ids, skip_special=True) == "question answer"
+    assert tokenizer.is_special(400) and not tokenizer.is_special(399)
+    # before registering, "<sep>" was plain text: several ids, none of them special
+    plain = trained.encode("<sep>")
+    assert len(plain) > 1 and not any(trained.is_special(int(i)) for i in plain)
+    np.testing.assert_array_equal(tokenizer.encode("<sep>", parse_special=False), plain)
+
+
+@given(text=st.text(alphabet=st.sampled_from(list("ab <sep>c中\n")), max_size=40))
+def test_round_trips_stay_exact_after_adding(trained, text):
+    tokenizer = _copy(trained)
+    tokenizer.add_special_tokens(["<sep>", "<s"])
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.decode(tokenizer.encode(text, parse_special=False)) == text
+
+
+def test_added_tokens_are_saved_and_loaded(trained, tmp_path):
+    tokenizer = _copy(trained)
+    tokenizer.add_special_tokens(["<sep>"])
+    tokenizer.save(tmp_path / "t.npz")
+    loaded = BPETokenizer.load(tmp_path / "t.npz")
+    assert loaded.added_tokens == ("<sep>",) and loaded.vocab_size == 401
+    np.testing.assert_array_equal(loaded.encode("a<sep>b"), tokenizer.encode("a<sep>b"))
+    assert tokenizer.to_dict()["version"] == 2 and trained.to_dict()["version"] == 1
+    assert "added_tokens" not in trained.to_dict()     # without additions: as before
+    byte = ByteTokenizer(["<pad>"])
+    assert byte.add_special_tokens(["<sep>"]) == [257]
+    again = ByteTokenizer.from_dict(byte.to_dict())
+    assert again.encode("x<sep>").tolist() == [120, 257] and "added_tokens=['<sep>']" in \
+        repr(again)
+
+
+def test_adding_bad_special_tokens(trained):
+    tokenizer = _copy(trained)
+    with pytest.raises(ValueError, match=r"tokens: special token '<eos>' is already registered "
+                                         r"\(id 258\)"):
+        tokenizer.add_special_tokens(["<sep>", "<eos>"])
+    assert tokenizer.vocab_size == 400                      # nothing was added
+    tokenizer.add_special_tokens(["<sep>"])
+    with pytest.raises(ValueError, match="'<sep>' is already registered .id 400"):
+        tokenizer.add_special_tokens(["<sep>"])
+    with pytest.raises(TypeError, match="tokens must be a list or tuple of strings"):
+        tokenizer.add_special_tokens("<x>")
+    with pytest.raises(ValueError, match=r"tokens\[0\] must be a non-empty string; got ''"):
+        tokenizer.add_special_tokens([""])
+    with pytest.raises(ValueError, match="version 1 has no added_tokens"):
+        BPETokenizer.from_dict({**trained.to_dict(), "added_tokens": ["<x>"]})
+    with pytest.raises(ValueError, match=r"added_tokens: special token '<pad>' is already"):
+        BPETokenizer.from_dict({**trained.to_dict(), "version": 2, "added_tokens": ["<pad>"]})

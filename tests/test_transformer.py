@@ -3,6 +3,7 @@ sequence-to-sequence model and its loss, and the conversion to and from torch's 
 import numpy as np
 import pytest
 from contract import assert_fixture_agrees, check_contract, random_like
+from contract import spread_parameters as _spread
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,17 +24,6 @@ SMALL = dict(d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
 
 def _x(seed, *shape):
     return np.random.default_rng(seed).standard_normal(shape)
-
-
-def _spread(module, seed, std=0.5):
-    """Every parameter redrawn (norm weights around 1), so no default of ones and zeros hides a
-    mistake and attention is far from uniform."""
-    rng = np.random.default_rng(seed)
-    for name, parameter in module.named_parameters():
-        noise = rng.standard_normal(parameter.shape)
-        is_norm_weight = "norm" in name and name.endswith("weight")
-        parameter.data[...] = 1.0 + 0.2 * noise if is_norm_weight else std * noise
-    return module
 
 
 def _padding(real_lengths, length, left=False):
@@ -287,8 +277,8 @@ def test_bad_input():
         model.forward(src.astype(np.float32), tgt)
     with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by nhead \(4\)"):
         Transformer(d_model=10, nhead=4)
-    with pytest.raises(ValueError, match="batch-first only.*got batch_first=False"):
-        Transformer(**SMALL, batch_first=False)
+    with pytest.raises(TypeError, match="batch_first must be True or False; got 0"):
+        Transformer(**SMALL, batch_first=0)
     with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu'"):
         TransformerEncoderLayer(8, 2, activation=np.tanh)
     with pytest.raises(ValueError, match="give either memory or static_kv"):
@@ -338,7 +328,6 @@ def test_interop_names_every_problem():
 
 
 @pytest.mark.parametrize("kind, kwargs, message", [
-    ("transformer", {"d_model": 8, "nhead": 2}, "batch_first=False is not supported"),
     ("transformer", {"batch_first": True, "activation": "tanh"},
      "activation must be the string 'relu' or 'gelu'"),
     ("transformer", {"batch_first": True, "device": "cpu"},
@@ -358,6 +347,11 @@ def test_interop_names_every_problem():
 def test_unsupported_torch_options_are_refused(kind, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         interop.from_torch(kind, kwargs, {})
+
+
+def test_batch_first_must_be_a_flag():
+    with pytest.raises(TypeError, match="batch_first must be True or False; got 'yes'"):
+        interop.from_torch("transformer", {"batch_first": "yes"}, {})
 
 
 @pytest.mark.torch

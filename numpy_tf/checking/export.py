@@ -174,6 +174,10 @@ def _digit_inputs(model: Seq2Seq, g: np.random.Generator, batch: int, length: in
     if pad:
         raise ValueError("pad applies to the decoder-only models; the transformer's digit "
                          "strings are padded by their random lengths")
+    if model.config.src_features is not None:
+        raise ValueError(f"the seq2seq case draws digit strings as the source; a config with "
+                         f"src_features={model.config.src_features} reads feature vectors, "
+                         "which export does not draw")
     task = reverse_digits(batch, g, 1, 5 if length is None else length)
     return {"src_ids": task.source, "decoder_input": task.decoder_input,
             "target": task.target, "src_key_padding_mask": task.source_padding_mask,
@@ -191,7 +195,8 @@ def _seq2seq_conventions(model: Seq2Seq) -> dict:
         "scale_embeddings": c.scale_embeddings,
         "block": ("Pre-LN" if c.norm_first else "Post-LN (torch's default)") +
                  f", {c.activation} feed-forward of {c.dim_feedforward}, {c.nhead} heads, "
-                 "final LayerNorms transformer.encoder.norm and transformer.decoder.norm",
+                 + ("final LayerNorms transformer.encoder.norm and transformer.decoder.norm"
+                    if c.final_norms else "no final LayerNorms (final_norms=False)"),
         "masks": "src_key_padding_mask (B, S) and tgt_key_padding_mask (B, T) bool, True = "
                  "padding; the source padding is also the memory's (memory_key_padding_mask); "
                  "the decoder's self-attention is causal",

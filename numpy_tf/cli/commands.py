@@ -700,7 +700,9 @@ def main(argv=None) -> int:
                                    p.name for p in registry.PRESETS.values()
                                    if registry.FAMILIES[p.family].count is not None)
                                + "; a published model, such as gpt2, counted under its Hugging "
-                               "Face names), a config.json (HF gpt2/llama/bert, or numpy_tf "
+                               "Face names; transformer-base as torch.nn.Transformer), a "
+                               "config.json (HF gpt2/llama/bert, torch.nn.Transformer's kwargs "
+                               "with \"torch_module\": \"torch.nn.Transformer\", or numpy_tf "
                                "config fields with a \"family\" key, default gpt), a folder "
                                "holding one, or inline JSON")
     params_parser.add_argument("--json", action="store_true", help="machine-readable output")

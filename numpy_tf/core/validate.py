@@ -225,3 +225,14 @@ def mask_array(name: str, mask, shapes: dict[str, tuple], dtype,
     if mask.shape not in shapes.values():
         allowed = " or ".join(f"{legend} = {shape}" for legend, shape in shapes.items())
         raise ValueError(f"{name} must have shape {allowed}; got {mask.shape}")
+
+
+def over_defaults(name: str, given, defaults) -> dict:
+    """`given` (a Mapping of keyword arguments) over `defaults`, each of its keys one of
+    theirs; an unknown key is an error naming `name` (a class, "torch.nn.Transformer") and
+    what numpy_tf reads."""
+    unknown = [key for key in given if key not in defaults]
+    if unknown:
+        raise ValueError(f"{name} has no supported argument {', '.join(map(repr, unknown))}; "
+                         f"numpy_tf reads {', '.join(defaults)}")
+    return {**defaults, **given}

@@ -71,7 +71,7 @@ def generate(model: Module, prompt: np.ndarray, max_new_tokens: int, *,
     return tokens
 
 
-def generate_seq2seq(model: Module, src_ids: np.ndarray, max_new_tokens: int, bos_id: int,
+def generate_seq2seq(model: Module, src: np.ndarray, max_new_tokens: int, bos_id: int,
                      eos_id: int | None = None, *, src_key_padding_mask=None,
                      rng: np.random.Generator | None = None, temperature: float = 0.0,
                      top_k: int | None = None, top_p: float | None = None,
@@ -79,15 +79,17 @@ def generate_seq2seq(model: Module, src_ids: np.ndarray, max_new_tokens: int, bo
     """Decode a target for each source with an encoder-decoder (numpy_tf.Seq2Seq): the source
     is encoded once; the cross-attention keys and values of that memory are computed at the
     first step and passed as `static_kv` after; the decoder's self-attention grows a KV cache.
-    Returns (B, 1 + n) ids starting with bos_id (greedy by default)."""
-    validate.integer_array("src_ids", src_ids, ndim=2, shape="(B, S)")
+    `src` is what the model's encoder reads: (B, S) ids, or (B, S, F) feature vectors for a
+    Seq2Seq with src_features. Returns (B, 1 + n) ids starting with bos_id (greedy by
+    default)."""
+    model.check_source(src)
     max_new_tokens = validate.non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling(temperature, top_k, top_p)
     if temperature > 0:
         validate.generator("rng", rng)
-    memory, _ = model.encode(src_ids, src_key_padding_mask)
-    tokens = np.full((len(src_ids), 1), bos_id, dtype=np.int64)
-    finished = np.zeros(len(src_ids), dtype=bool)
+    memory, _ = model.encode(src, src_key_padding_mask)
+    tokens = np.full((len(src), 1), bos_id, dtype=np.int64)
+    finished = np.zeros(len(src), dtype=bool)
     past = static = None
     for _ in range(max_new_tokens):
         if use_cache:

@@ -3,7 +3,8 @@
     module = interop.from_torch(kind, kwargs, state_dict, dtype=np.float64)
         kind "transformer" (torch.nn.Transformer) or "multihead_attention"
         (torch.nn.MultiheadAttention); kwargs: the torch constructor's keyword arguments
-        (batch_first=True); state_dict: {torch key: numpy array}
+        (batch_first as torch: False by default, sequence-first (S, B, C) inputs; the weights
+        are the same either way); state_dict: {torch key: numpy array}
     params = interop.to_torch(module, kind, kwargs)    # the loaded state_dict, bit for bit
     grads = interop.to_torch(module, kind, kwargs, grads=True)
 
@@ -16,19 +17,16 @@ from typing import Mapping
 
 import numpy as np
 
+from ..core import validate
 from ..core.module import Module, float_dtype
 from ..layers.activations import GELU
 from ..layers.multihead import TorchMultiheadAttention
-from ..models.encoder_decoder.transformer import Transformer
+from ..models.encoder_decoder.transformer import TORCH_TRANSFORMER_DEFAULTS, Transformer
 from .layout import Layout
 
 _REQUIRED = object()
 _TORCH_DEFAULTS = {
-    "transformer": {"d_model": 512, "nhead": 8, "num_encoder_layers": 6,
-                    "num_decoder_layers": 6, "dim_feedforward": 2048, "dropout": 0.1,
-                    "activation": "relu", "custom_encoder": None, "custom_decoder": None,
-                    "layer_norm_eps": 1e-5, "batch_first": False, "norm_first": False,
-                    "bias": True},
+    "transformer": TORCH_TRANSFORMER_DEFAULTS,
     "multihead_attention": {"embed_dim": _REQUIRED, "num_heads": _REQUIRED, "dropout": 0.0,
                             "bias": True, "add_bias_kv": False, "add_zero_attn": False,
                             "kdim": None, "vdim": None, "batch_first": False},
@@ -46,20 +44,11 @@ def torch_kwargs(kind: str, kwargs: Mapping) -> dict:
     if not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a dict of {_TORCH_CLASSES[kind]}(...)'s keyword "
                         f"arguments; got {type(kwargs).__name__}")
-    defaults = _TORCH_DEFAULTS[kind]
-    unknown = [key for key in kwargs if key not in defaults]
-    if unknown:
-        raise ValueError(f"{_TORCH_CLASSES[kind]} has no supported argument "
-                         f"{', '.join(map(repr, unknown))}; numpy_tf reads "
-                         f"{', '.join(defaults)}")
-    args = {**defaults, **kwargs}
+    args = validate.over_defaults(_TORCH_CLASSES[kind], kwargs, _TORCH_DEFAULTS[kind])
     missing = [key for key, value in args.items() if value is _REQUIRED]
     if missing:
         raise ValueError(f"{_TORCH_CLASSES[kind]} needs {', '.join(missing)}")
-    if args["batch_first"] is not True:
-        raise ValueError(f"batch_first={args['batch_first']!r} is not supported: numpy_tf is "
-                         "batch-first ((B, L, C) inputs); build the torch module with "
-                         "batch_first=True (its weights are the same)")
+    validate.flag("batch_first", args["batch_first"])
     refused = {"custom_encoder": None, "custom_decoder": None, "add_bias_kv": False,
                "add_zero_attn": False}
     for key, supported in refused.items():
@@ -83,7 +72,8 @@ def torch_equivalent(kind: str, kwargs: Mapping, dtype=np.float64) -> Module:
     dtype = float_dtype(dtype)
     if kind == "multihead_attention":
         return TorchMultiheadAttention(args["embed_dim"], args["num_heads"], args["dropout"],
-                                       args["bias"], dtype=dtype)
+                                       args["bias"], batch_first=args["batch_first"],
+                                       dtype=dtype)
     names = ("d_model", "nhead", "num_encoder_layers", "num_decoder_layers",
              "dim_feedforward", "dropout", "activation", "layer_norm_eps", "batch_first",
              "norm_first", "bias")
@@ -91,7 +81,8 @@ def torch_equivalent(kind: str, kwargs: Mapping, dtype=np.float64) -> Module:
 
 
 def _kwargs_of(module: Module, kind: str) -> dict:
-    """The torch keyword arguments a numpy_tf module was built with (to check to_torch)."""
+    """The torch keyword arguments a numpy_tf module was built with (to check to_torch); not
+    batch_first: the state_dict is the same in either layout."""
     if kind == "multihead_attention":
         if not isinstance(module, TorchMultiheadAttention):
             raise TypeError(f"kind 'multihead_attention' needs a TorchMultiheadAttention; got "
@@ -101,6 +92,9 @@ def _kwargs_of(module: Module, kind: str) -> dict:
     if not isinstance(module, Transformer):
         raise TypeError(f"kind 'transformer' needs a numpy_tf Transformer; got "
                         f"{type(module).__name__}")
+    if module.encoder.norm is None or module.decoder.norm is None:
+        raise ValueError("the module was built with final_norms=False, but torch.nn.Transformer "
+                         "always has encoder.norm and decoder.norm: it has no such state_dict")
     layer = module.encoder.layers[0]
     return {"d_model": module.d_model, "nhead": module.nhead,
             "num_encoder_layers": len(module.encoder.layers),

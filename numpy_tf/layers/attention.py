@@ -14,8 +14,11 @@ Masks (SPEC §4): a boolean mask is True where attention is BLOCKED (torch.nn.Mu
 meaning; torch.nn.functional.scaled_dot_product_attention uses the opposite); a float mask is
 added to the scores; `key_padding_mask` (B, Tk) is True at padding; `is_causal` lets query i
 see keys j <= i + causal_offset (the offset counts the positions a KV cache already holds).
-Masks broadcast as torch does: (Tq, Tk), (B or 1, H or 1, Tq, Tk). A query row whose keys are
-all blocked gives a zero output and zero gradients, never NaN (the rule of torch's SDPA path).
+Masks broadcast as torch does: (Tq, Tk), (B or 1, H or 1, Tq, Tk); and a 3-D mask is
+(B, Tq, Tk), one per sample, the same for every head (as encoder-decoder codebases build them;
+torch's SDPA would broadcast it as (1, B, Tq, Tk), and nn.MultiheadAttention reads a 3-D mask
+as (B * H, Tq, Tk), which TorchMultiheadAttention keeps). A query row whose keys are all blocked
+gives a zero output and zero gradients, never NaN (the rule of torch's SDPA path).
 
 Grouped-query attention: key/value head j serves query heads j r .. j r + r - 1 (HF Llama's
 repeat_kv order). Writing the H query heads as G groups of r heads stacked along the query axis,
@@ -66,17 +69,21 @@ def _shared_causal_mask(query_length: int, key_length: int, offset: int) -> np.n
     return mask
 
 
-def _check_mask(name: str, mask, shape: tuple, dtype: np.dtype) -> None:
-    """mask is (Tq, Tk) or 4-D, each axis 1 or the full size: it broadcasts to (B, H, Tq, Tk)."""
+def _check_mask(name: str, mask, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """mask is (Tq, Tk), (B, Tq, Tk) (one per sample, the same for every head) or 4-D, each axis
+    1 or the full size; returned broadcastable to (B, H, Tq, Tk): a 3-D mask as (B, 1, Tq, Tk)
+    (its first axis is the batch, not, as NumPy's broadcasting would read it, the heads)."""
     if not isinstance(mask, np.ndarray):
         raise TypeError(f"{name} must be a numpy array; got {type(mask).__name__}")
     if mask.dtype != bool and mask.dtype != dtype:
         raise TypeError(f"{name} must be bool (True = blocked) or a float mask of the query "
                         f"dtype {dtype}; got dtype {mask.dtype}")
-    full = shape if mask.ndim == 4 else shape[2:]
-    if mask.ndim not in (2, 4) or any(m not in (1, f) for m, f in zip(mask.shape, full)):
-        raise ValueError(f"{name} must broadcast to (B, H, Tq, Tk) = {shape} from (Tq, Tk) or a "
-                         f"4-D shape of sizes or 1s; got {mask.shape}")
+    full = {2: shape[2:], 3: (shape[0], *shape[2:]), 4: shape}.get(mask.ndim)
+    if full is None or any(m not in (1, f) for m, f in zip(mask.shape, full)):
+        raise ValueError(f"{name} must broadcast to (B, H, Tq, Tk) = {shape} from (Tq, Tk), "
+                         "(B, Tq, Tk) (one mask per sample, for every head) or a 4-D shape of "
+                         f"sizes or 1s; got {mask.shape}")
+    return mask[:, None] if mask.ndim == 3 else mask                   # (B, 1, Tq, Tk)
 
 
 def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_mask=None,
@@ -86,7 +93,7 @@ def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_m
     batch, heads, tq, tk = shape
     blocked, bias = [], []
     if attn_mask is not None:
-        _check_mask("attn_mask", attn_mask, shape, dtype)
+        attn_mask = _check_mask("attn_mask", attn_mask, shape, dtype)
         (blocked if attn_mask.dtype == bool else bias).append(attn_mask)
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, np.ndarray):

@@ -294,16 +294,24 @@ class FusedAttention(HeadAttention):
 
 
 class TorchMultiheadAttention(HeadAttention):
-    """torch.nn.MultiheadAttention(embed_dim, num_heads, dropout, bias, batch_first=True):
+    """torch.nn.MultiheadAttention(embed_dim, num_heads, dropout, bias, batch_first):
     in_proj_weight (3E, E) holding W_q, W_k, W_v stacked, in_proj_bias (3E,), out_proj.
 
     forward(query, key, value, key_padding_mask=None, attn_mask=None, is_causal=False) has
     torch's meaning (bool True = blocked; a 3-D attn_mask is (B * num_heads, Tq, Tk)) and
     backward returns (dquery, dkey, dvalue) -- pass the same array three times for self-
-    attention and add the three gradients, as autograd would."""
+    attention and add the three gradients, as autograd would.
+
+    batch_first=True (numpy_tf's default) takes (B, T, E); batch_first=False (torch's default)
+    takes and returns sequence-first (T, B, E), as do backward's dout and gradients: the
+    first two axes are swapped at the entry (into memory order, so the arithmetic is
+    batch_first's bit for bit) and the exit (a view), and everything in between (the weights,
+    key_padding_mask (B, Tk), attn_mask, the KV caches' (B, H, T, d)) is the same."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 *, rng: np.random.Generator | int = 0, dtype=np.float64):
+                 *, batch_first: bool = True, rng: np.random.Generator | int = 0,
+                 dtype=np.float64):
+        self.batch_first = validate.flag("batch_first", batch_first)
         embed_dim = validate.positive_int("embed_dim", embed_dim)
         num_heads = validate.positive_int("num_heads", num_heads)
         if embed_dim % num_heads:
@@ -330,6 +338,12 @@ class TorchMultiheadAttention(HeadAttention):
         """torch's forward (need_weights=False). `past_kv` and `static_kv` are the KV caches of
         HeadAttention (with static_kv, key and value are None; backward then returns
         (dquery, None, None))."""
+        if not self.batch_first:                    # (T, B, E) in: seen as (B, T, E)
+            for name, x in (("query", query), ("key", key), ("value", value)):
+                if x is not None:
+                    validate.float_array(name, x, ndim=3, shape="(T, B, E), batch_first=False")
+            query, key, value = (None if x is None else np.ascontiguousarray(x.swapaxes(0, 1))
+                                 for x in (query, key, value))
         validate.float_array("query", query, ndim=3, shape="(B, Tq, C)")
         batch = query.shape[0]
         if isinstance(attn_mask, np.ndarray) and attn_mask.ndim == 3:
@@ -337,9 +351,18 @@ class TorchMultiheadAttention(HeadAttention):
                 raise ValueError(f"a 3-D attn_mask must have shape (B * num_heads, Tq, Tk) = "
                                  f"({batch * self.num_heads}, ...); got {attn_mask.shape}")
             attn_mask = attn_mask.reshape(batch, self.num_heads, *attn_mask.shape[1:])
-        return super().forward(query, key, value, attn_mask=attn_mask,
-                               key_padding_mask=key_padding_mask, is_causal=is_causal,
-                               past_kv=past_kv, static_kv=static_kv, rng=rng)
+        out, cache = super().forward(query, key, value, attn_mask=attn_mask,
+                                     key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                     past_kv=past_kv, static_kv=static_kv, rng=rng)
+        return (out if self.batch_first else out.swapaxes(0, 1)), cache   # (T, B, E) out
+
+    def backward(self, dout, cache: AttentionLayerCache):
+        """HeadAttention's backward; with batch_first=False, dout and the gradients are
+        (T, B, E), swapped at the entry and the exit as forward swaps its arrays."""
+        if self.batch_first:
+            return super().backward(dout, cache)
+        grads = super().backward(np.ascontiguousarray(dout.swapaxes(0, 1)), cache)
+        return tuple(None if g is None else g.swapaxes(0, 1) for g in grads)
 
     def _slices(self):
         e = self.embed_dim

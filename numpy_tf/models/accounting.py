@@ -24,6 +24,14 @@ L blocks; Llama adds H query heads, KV key/value heads, hd head width, I the Swi
       HF bert)                qkv 3(d^2 + d), output d^2 + d, LayerNorm 2d, intermediate d I + I,
                               output I d + d, LayerNorm 2d; then by architecture (below)
 
+    Encoder-decoder           per encoder layer: self_attn 4d² (+4d), linear1 d F (+F), linear2
+      (Seq2SeqConfig, torch   F d (+d), norm1 and norm2 2d (d without bias); per decoder layer:
+      kwargs with             the same and multihead_attn 4d² (+4d), norm3; final norms
+      "torch_module":         encoder.norm and decoder.norm 2d each (unless final_norms=False);
+      "torch.nn.Transformer") Seq2Seq adds src_embedding Vs d (or src_projection Fs d + d),
+                              tgt_embedding Vt d and output d Vt + Vt; torch.nn.Transformer has
+                              no embeddings and no head (44,140,544 at its defaults)
+
 BERT's heads follow `architectures[0]` (default BertForMaskedLM, what a bare BertConfig is
 trained as): BertForMaskedLM has the MLM head (transform d^2 + d, LayerNorm 2d, bias V, and the
 decoder, whose weight is the word embedding and whose bias is that bias, unless
@@ -33,6 +41,9 @@ add_pooling_layer=False); BertModel has the pooler (d^2 + d) and no head; BertFo
 has both and the next-sentence head (2d + 2). An `add_pooling_layer` key in the config (read
 by numpy_tf; HF takes it as a constructor argument) overrides the pooler. numpy_tf's Bert is a
 BertForMaskedLM, counted under HF's names.
+
+An encoder-decoder has two stacks, each with its rule of thumb: 12·d² per encoder layer, 16·d²
+per decoder layer (its cross-attention adds 4d²).
 """
 from __future__ import annotations
 
@@ -43,6 +54,7 @@ from pathlib import Path
 from ..core import validate
 from ..core.module import Module
 from ..core.table import format_table
+from .encoder_decoder.transformer import TORCH_TRANSFORMER_DEFAULTS
 from .gpt import GPTConfig
 
 
@@ -81,35 +93,78 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Stack:
+    """A stack of identical layers: the rows whose names start with `prefix` (one copy each),
+    `layers` copies, and the rule of thumb for one layer."""
+    name: str           # "block", "encoder layer", "decoder layer"
+    symbol: str         # its number of layers in the formulas: "L", "Le", "Ld"
+    prefix: str         # "blocks.N.", "transformer.decoder.layers.N."
+    layers: int
+    rule: str           # "12·d²"
+    estimate: int       # the rule's value for one layer
+
+
+@dataclass(frozen=True)
 class Accounting:
-    family: str         # "gpt" (numpy_tf GPTConfig), "gpt2", "llama", "bert"
+    family: str         # "gpt" (numpy_tf GPTConfig), "gpt2", "llama", "bert", "seq2seq"
     model: str          # the model class whose parameters these are (GPT2LMHeadModel, ...)
     rows: tuple[Row, ...]
     tied: bool          # the output head shares the token embedding (counted once)
     width: int          # d
-    layers: int         # L
-    vocab_size: int     # V
+    layers: int         # L (every layer of every stack)
+    vocab_size: int     # V (an encoder-decoder: the target's; 0 without embeddings)
     has_head: bool = True   # False for an encoder without an output head (BertModel)
+    # the layer stacks and their rules of thumb; () is one stack of 12·d² blocks, the rows
+    # with ".N." in their names
+    stacks: tuple[Stack, ...] = ()
+    embedding_rule: str = "V·d"         # what the estimate adds for the embeddings
+    embedding_estimate: int | None = None   # its value; None: vocab_size · width
 
     @property
     def total(self) -> int:
         return sum(row.total for row in self.rows)
 
     @property
+    def layer_stacks(self) -> tuple[Stack, ...]:
+        if self.stacks:
+            return self.stacks
+        names = [row.name for row in self.rows if ".N." in row.name]
+        prefix = names[0][:names[0].index(".N.") + 3] if names else ".N."
+        return (Stack("block", "L", prefix, self.layers, "12·d²", block_estimate(self.width)),)
+
+    def stack_block(self, stack: Stack) -> int:
+        """The exact parameters of one layer of `stack`."""
+        return sum(row.count for row in self.rows if row.name.startswith(stack.prefix))
+
+    @property
     def block(self) -> int:
-        """The exact parameters of one block."""
-        return sum(row.count for row in self.rows if ".N." in row.name)
+        """The exact parameters of one block (of the first stack: an encoder-decoder's
+        encoder layer)."""
+        return self.stack_block(self.layer_stacks[0])
 
     @property
     def block_estimate(self) -> int:
-        return block_estimate(self.width)
+        return self.layer_stacks[0].estimate
 
     @property
     def total_estimate(self) -> int:
-        """L 12 d^2 + V d: blocks and one embedding, nothing else."""
-        return self.layers * self.block_estimate + self.vocab_size * self.width
+        """L 12 d^2 + V d: blocks and one embedding, nothing else (an encoder-decoder: each
+        stack by its rule, and its embedding tables)."""
+        embeddings = self.vocab_size * self.width if self.embedding_estimate is None \
+            else self.embedding_estimate
+        return sum(stack.layers * stack.estimate for stack in self.layer_stacks) + embeddings
+
+    @property
+    def total_rule(self) -> str:
+        terms = [f"{stack.symbol}·{stack.rule}" for stack in self.layer_stacks]
+        return " + ".join(terms + ([self.embedding_rule] if self.embedding_rule else []))
 
     def to_dict(self) -> dict:
+        stacks = [{"name": stack.name, "layers": stack.layers, "block": self.stack_block(stack),
+                   "rule": stack.rule, "block_estimate": stack.estimate,
+                   "block_estimate_rel_diff": relative_difference(stack.estimate,
+                                                                  self.stack_block(stack))}
+                  for stack in self.layer_stacks]
         return {"family": self.family, "model": self.model, "total": self.total,
                 "tied": self.tied, "has_head": self.has_head,
                 "width": self.width, "layers": self.layers, "vocab_size": self.vocab_size,
@@ -117,21 +172,27 @@ class Accounting:
                           "copies": r.copies, "total": r.total} for r in self.rows],
                 "block": self.block, "block_estimate": self.block_estimate,
                 "block_estimate_rel_diff": relative_difference(self.block_estimate, self.block),
+                "stacks": stacks, "total_rule": self.total_rule,
                 "total_estimate": self.total_estimate,
                 "total_estimate_rel_diff": relative_difference(self.total_estimate, self.total)}
 
     def __str__(self) -> str:
         head = "output head tied to the token embedding (counted once)" if self.tied else \
-            "untied output head" if self.has_head else "no output head"
+            "untied output head" if self.has_head else \
+            "no output head" if self.vocab_size else "no embeddings and no output head"
+        vocab = f"V = {self.vocab_size}, " if self.vocab_size else ""
         table = [(r.name, r.formula, f"{r.count:,}", str(r.copies), f"{r.total:,}")
                  for r in self.rows] + [("total", "", "", "", f"{self.total:,}")]
-        lines = [f"{self.model} ({self.family}): d = {self.width}, L = {self.layers}, "
-                 f"V = {self.vocab_size}, {head}",
+        layers = ", ".join(f"{stack.symbol} = {stack.layers}" for stack in self.layer_stacks)
+        lines = [f"{self.model} ({self.family}): d = {self.width}, {layers}, {vocab}{head}",
                  format_table(("component", "formula", "each", "copies", "total"), table,
                               align="llrrr")]
-        lines.append(f"one block: {self.block:,} exact; 12·d² = {self.block_estimate:,} "
-                     f"(off by {relative_difference(self.block_estimate, self.block):+.2%})")
-        lines.append(f"whole model: {self.total:,} exact; L·12·d² + V·d = "
+        for stack in self.layer_stacks:
+            exact = self.stack_block(stack)
+            lines.append(f"one {stack.name}: {exact:,} exact; {stack.rule} = "
+                         f"{stack.estimate:,} (off by "
+                         f"{relative_difference(stack.estimate, exact):+.2%})")
+        lines.append(f"whole model: {self.total:,} exact; {self.total_rule} = "
                      f"{self.total_estimate:,} "
                      f"(off by {relative_difference(self.total_estimate, self.total):+.2%})")
         return "\n".join(lines)
@@ -363,16 +424,116 @@ def bert_hf_config(config) -> dict:
             **{name: getattr(config, name) for name in names}}
 
 
+# -- the encoder-decoder: torch.nn.Transformer's layer stacks, and Seq2Seq around them --------
+TORCH_TRANSFORMER = "torch.nn.Transformer"
+
+
+def _encoder_decoder(prefix, d, ffn, encoder_layers, decoder_layers, bias, final_norms,
+                     before=(), after=()) -> tuple:
+    """torch.nn.Transformer's rows under `prefix` (its state_dict order), between the rows
+    `before` and `after`, and its two stacks: an encoder layer is self-attention, the FFN and
+    two LayerNorms (12·d² at F = 4d), a decoder layer adds cross-attention and a third
+    LayerNorm (16·d²)."""
+    attention = ("4d² + 4d" if bias else "4d²", 4 * d * d + (4 * d if bias else 0))
+    linear1 = ("d·F + F" if bias else "d·F", d * ffn + (ffn if bias else 0))
+    linear2 = ("F·d + d" if bias else "F·d", ffn * d + (d if bias else 0))
+    norm = ("2d" if bias else "d", 2 * d if bias else d)
+    encoder, decoder = f"{prefix}encoder.layers.N.", f"{prefix}decoder.layers.N."
+    rows = [*before,
+            Row(f"{encoder}self_attn", *attention, encoder_layers),
+            Row(f"{encoder}linear1", *linear1, encoder_layers),
+            Row(f"{encoder}linear2", *linear2, encoder_layers),
+            Row(f"{encoder}norm1", *norm, encoder_layers),
+            Row(f"{encoder}norm2", *norm, encoder_layers)]
+    if final_norms:
+        rows.append(Row(f"{prefix}encoder.norm", *norm))
+    rows += [Row(f"{decoder}self_attn", *attention, decoder_layers),
+             Row(f"{decoder}multihead_attn", *attention, decoder_layers),
+             Row(f"{decoder}linear1", *linear1, decoder_layers),
+             Row(f"{decoder}linear2", *linear2, decoder_layers),
+             *(Row(f"{decoder}norm{index}", *norm, decoder_layers) for index in (1, 2, 3))]
+    if final_norms:
+        rows.append(Row(f"{prefix}decoder.norm", *norm))
+    stacks = (Stack("encoder layer", "Le", encoder, encoder_layers, "12·d²", 12 * d * d),
+              Stack("decoder layer", "Ld", decoder, decoder_layers, "16·d²", 16 * d * d))
+    return tuple(rows + list(after)), stacks
+
+
+def count_torch_transformer(kwargs: dict) -> Accounting:
+    """torch.nn.Transformer(**kwargs) (its keyword arguments, torch's defaults for the rest):
+    the two layer stacks and their final LayerNorms, under torch's names; it has no
+    embeddings and no head. torch.nn.Transformer() itself, the base model of "Attention Is
+    All You Need", holds 44,140,544."""
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"{TORCH_TRANSFORMER} kwargs must be a dict; got "
+                        f"{type(kwargs).__name__}")
+    args = validate.over_defaults(TORCH_TRANSFORMER, kwargs, TORCH_TRANSFORMER_DEFAULTS)
+    for key in ("custom_encoder", "custom_decoder"):
+        if args[key] is not None:
+            raise ValueError(f"{TORCH_TRANSFORMER} kwargs {key} must be null: a custom stack "
+                             f"cannot be counted from kwargs; got {args[key]!r}")
+    keys = _Keys(args, f"{TORCH_TRANSFORMER} kwargs")
+    d, heads = keys.int("d_model"), keys.int("nhead")
+    if d % heads:
+        raise ValueError(f"{TORCH_TRANSFORMER} kwargs d_model ({d}) must be divisible by nhead "
+                         f"({heads})")
+    for key in ("batch_first", "norm_first"):
+        keys.flag(key, False)
+    layers = (keys.int("num_encoder_layers"), keys.int("num_decoder_layers"))
+    rows, stacks = _encoder_decoder("", d, keys.int("dim_feedforward"), *layers,
+                                    keys.flag("bias", True), True)
+    return Accounting("seq2seq", TORCH_TRANSFORMER, rows, False, d, sum(layers), 0, False,
+                      stacks, "", 0)
+
+
+def torch_transformer_config(config) -> dict:
+    """The torch.nn.Transformer kwargs of a Seq2SeqConfig's layer stacks; a config without
+    final norms has none."""
+    if not config.final_norms:
+        raise ValueError("Seq2SeqConfig with final_norms=False has no torch.nn.Transformer "
+                         "kwargs: torch.nn.Transformer always has encoder.norm and decoder.norm")
+    return config.transformer_kwargs()
+
+
+def count_seq2seq(config) -> Accounting:
+    """A numpy_tf Seq2SeqConfig, numpy_tf's names: the source embedding (or the feature
+    projection), the target embedding, torch.nn.Transformer's stacks under `transformer.`
+    (without their final norms when final_norms=False) and the output head with its bias;
+    the sinusoidal positions are not parameters."""
+    keys = _Keys(config.to_dict(), "Seq2SeqConfig")
+    d, heads, targets = keys.int("d_model"), keys.int("nhead"), keys.int("tgt_vocab_size")
+    if d % heads:
+        raise ValueError(f"Seq2SeqConfig d_model ({d}) must be divisible by nhead ({heads})")
+    if config.src_features is None:
+        sources = keys.int("src_vocab_size")
+        source = Row("src_embedding", "Vs·d", sources * d)
+        embedding_rule, embedding = "(Vs + Vt)·d", (sources + targets) * d
+    else:
+        source = Row("src_projection", "Fs·d + d", keys.int("src_features") * d + d)
+        embedding_rule, embedding = "Vt·d", targets * d
+    layers = (keys.int("num_encoder_layers"), keys.int("num_decoder_layers"))
+    rows, stacks = _encoder_decoder(
+        "transformer.", d, keys.int("dim_feedforward"), *layers, keys.flag("bias", True),
+        keys.flag("final_norms", True),
+        before=(source, Row("tgt_embedding", "Vt·d", targets * d)),
+        after=(Row("output", "d·Vt + Vt", d * targets + targets),))
+    return Accounting("seq2seq", "numpy_tf Seq2Seq", rows, False, d, sum(layers), targets,
+                      True, stacks, embedding_rule, embedding)
+
+
 # -- any config -------------------------------------------------------------------------------
 GPT_CONFIG_KEYS = frozenset(field.name for field in fields(GPTConfig))
 
 
 def account(config) -> Accounting:
     """The exact parameter count of `config`, per component, from formulas alone: a config of a
-    registered family (GPTConfig, LlamaConfig, BertConfig), a preset name (a published model,
-    such as gpt2, is counted under its Hugging Face names), a path or inline JSON (see
+    registered family (GPTConfig, LlamaConfig, BertConfig, Seq2SeqConfig), a preset name (a
+    published model, such as gpt2, is counted under its Hugging Face names; transformer-base
+    as torch.nn.Transformer), a path or inline JSON (see
     numpy_tf.models.registry.read_config), or a dict: an HF config.json (model_type gpt2 /
-    llama / bert) or numpy_tf config fields (a "family" key, or GPTConfig's own keys)."""
+    llama / bert), a torch module's keyword arguments with a "torch_module" key
+    ({"torch_module": "torch.nn.Transformer", "d_model": 512, ...}), or numpy_tf config
+    fields (a "family" key, or GPTConfig's own keys)."""
     from . import registry
 
     if isinstance(config, (str, Path)):
@@ -384,6 +545,8 @@ def account(config) -> Accounting:
                              "implemented")
         if config.hf:
             return owner.count_hf(owner.hf_config(config.config))
+        if config.torch:
+            return owner.count_torch(owner.torch_config(config.config))
         return owner.count(config.config)
     if isinstance(config, dict):
         return _account_dict(config, registry)
@@ -400,6 +563,15 @@ def account(config) -> Accounting:
 
 
 def _account_dict(config: dict, registry) -> Accounting:
+    if "torch_module" in config:
+        module = config["torch_module"]
+        owner = registry.family_of_torch_module(module)
+        if owner is None or owner.count_torch is None:
+            supported = [m for f in registry.FAMILIES.values() if f.count_torch
+                         for m in f.torch_modules]
+            raise ValueError(f"torch_module {module!r} is not supported; supported: "
+                             f"{', '.join(supported)}")
+        return owner.count_torch({k: v for k, v in config.items() if k != "torch_module"})
     model_type = config.get("model_type")
     if model_type is not None:
         owner = registry.family_of_model_type(model_type) if isinstance(model_type, str) \
@@ -414,18 +586,23 @@ def _account_dict(config: dict, registry) -> Accounting:
         owner, fields_ = registry.split_family(config)
         return account(registry.make_config(owner, fields_))
     unknown = sorted(set(config) - GPT_CONFIG_KEYS)
+    if config and set(config) <= set(TORCH_TRANSFORMER_DEFAULTS):
+        raise ValueError("config has no model_type, and its keys are torch.nn.Transformer's "
+                         f"keyword arguments ({', '.join(config)}): add \"torch_module\": "
+                         f"\"{TORCH_TRANSFORMER}\" to count them as that module")
     if unknown or "width" not in config:
         raise ValueError("config has no model_type and is not a numpy_tf GPTConfig ("
                          + (f"unknown keys: {', '.join(unknown)}" if unknown else
-                            "no 'width'") + "); give model_type gpt2, llama or bert, or a "
-                         "\"family\" key")
+                            "no 'width'") + "); give model_type gpt2, llama or bert, a "
+                         "\"torch_module\" or a \"family\" key")
     return count_gpt(GPTConfig(**config))
 
 
 def load_config(source) -> dict:
     """The config a string names, as a dict: a path (a JSON file, or a folder holding
     config.json) or inline JSON is read; a preset gives its Hugging Face config.json when it
-    is a published model, else its numpy_tf fields with a "family" key (as PRESETS)."""
+    is a published model, its torch kwargs with a "torch_module" key when it is a torch
+    module's shape, else its numpy_tf fields with a "family" key (as PRESETS)."""
     from . import registry
 
     found = registry.read_config(source)
@@ -438,6 +615,8 @@ def _preset_dict(preset) -> dict:
     owner = registry.FAMILIES[preset.family]
     if preset.hf:
         return owner.hf_config(preset.config)
+    if preset.torch:
+        return {"torch_module": owner.torch_modules[0], **owner.torch_config(preset.config)}
     return {"family": preset.family, **preset.fields()}
 
 

@@ -33,7 +33,7 @@ mlm_head.dense.*, mlm_head.norm.*, mlm_head.decoder.{weight,bias}.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -49,6 +49,7 @@ from ..layers.norm import LayerNorm, LayerNormCache
 from ..layers.positions import LearnedPositions, LearnedPositionsCache
 from .encoder_decoder.layers import ACTIVATIONS, TransformerEncoderLayer
 from .encoder_decoder.transformer import StackCache, TransformerEncoder
+from .resize import check_new_size, normal, resize_embedding, resize_head, zeros
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,22 @@ class Bert(Module):
                     bias.data[...] = 0.0
         if self.config.pad_token_id is not None:
             self.embeddings.word_embeddings.weight.data[self.config.pad_token_id] = 0.0
+
+    def resize_token_embeddings(self, new_num_tokens: int, *,
+                                rng: np.random.Generator) -> None:
+        """The vocabulary grown (or cut) to new_num_tokens (numpy_tf.models.resize): the new
+        rows of the word embedding and of the untied MLM decoder drawn N(0,
+        initializer_range^2) from `rng`, the decoder bias's new entries zero, as HF
+        initialises them (the padding row is kept); a tied decoder stays tied;
+        config.vocab_size follows."""
+        n = check_new_size(new_num_tokens, self.config.pad_token_id)
+        draw = normal(validate.generator("rng", rng), self.config.initializer_range,
+                      self.dtype)
+        words = self.embeddings.word_embeddings
+        resize_embedding(words, n, draw)
+        resize_head(self.mlm_head.decoder, n, draw, zeros(self.dtype),
+                    tied_to=words if self.config.tie_word_embeddings else None)
+        self.config = replace(self.config, vocab_size=n)
 
     def _check_inputs(self, ids, key_padding_mask, token_type_ids) -> None:
         c = self.config

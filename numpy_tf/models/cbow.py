@@ -25,6 +25,7 @@ from ..core.module import Module
 from ..layers.embedding import Embedding, EmbeddingCache, embedding_backward, embedding_forward
 from ..layers.linear import Linear, LinearCache
 from ..text.vocabulary import Vocabulary
+from .resize import check_new_size, normal, resize_embedding, resize_head, uniform
 
 
 # -- the averaging step -----------------------------------------------------------------------
@@ -82,6 +83,17 @@ class CBOW(Module):
     @property
     def vocab_size(self) -> int:
         return self.embeddings.weight.shape[0]
+
+    def resize_token_embeddings(self, new_num_tokens: int, *,
+                                rng: np.random.Generator) -> None:
+        """The vocabulary grown (or cut) to new_num_tokens (numpy_tf.models.resize): the new
+        rows of `embeddings` N(0, 1), of `output` (weight and bias) U(+-1/sqrt(D)), from
+        `rng`, as torch's Embedding and Linear draw them."""
+        n = check_new_size(new_num_tokens)
+        rng = validate.generator("rng", rng)
+        resize_embedding(self.embeddings, n, normal(rng, 1.0, self.dtype))
+        head = uniform(rng, self.embeddings.weight.shape[1], self.dtype)
+        resize_head(self.output, n, head, head)
 
     def forward(self, contexts):
         """contexts (N, 2c) ids -> logits (N, V): the mean of the context rows, then the head."""

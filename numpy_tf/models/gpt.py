@@ -17,7 +17,7 @@ sum of its two uses.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +30,7 @@ from ..layers.mlp import feedforward
 from ..layers.multihead import AttentionLayerCache, FusedAttention
 from ..layers.norm import LayerNorm, LayerNormCache
 from ..layers.positions import LearnedPositions, LearnedPositionsCache
+from .resize import check_new_size, normal, resize_embedding, resize_head
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,17 @@ class GPT(Module):
                                                       self.config.init_std, self.dtype)
             if isinstance(module, Linear) and module.bias is not None:
                 module.bias.data[...] = 0.0
+
+    def resize_token_embeddings(self, new_num_tokens: int, *,
+                                rng: np.random.Generator) -> None:
+        """The vocabulary grown (or cut) to new_num_tokens (numpy_tf.models.resize): the new
+        rows of `tokens` and of the untied `output` drawn N(0, init_std^2) from `rng`, as the
+        model draws them; a tied head stays tied; config.vocab_size follows."""
+        n = check_new_size(new_num_tokens)
+        draw = normal(validate.generator("rng", rng), self.config.init_std, self.dtype)
+        resize_embedding(self.tokens, n, draw)
+        resize_head(self.output, n, draw, tied_to=self.tokens if self.config.tied else None)
+        self.config = replace(self.config, vocab_size=n)
 
     def forward(self, ids, key_padding_mask=None, past_kv=None, rng=None):
         """ids (B, T) -> logits (B, T, V). `key_padding_mask` (B, P + T) is True at padding;

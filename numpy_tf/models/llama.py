@@ -22,7 +22,7 @@ length is refused: max_position_embeddings is only the length the model was trai
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -35,6 +35,7 @@ from ..layers.mlp import SwiGLU, SwiGLUCache
 from ..layers.multihead import AttentionLayerCache, MultiHeadAttention
 from ..layers.norm import RMSNorm, RMSNormCache
 from .accounting import count_llama
+from .resize import check_new_size, normal, resize_embedding, resize_head
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,20 @@ class Llama(Module):
                 module.bias.data[...] = 0.0
         if self.config.pad_token_id is not None:
             self.embed_tokens.weight.data[self.config.pad_token_id] = 0.0
+
+    def resize_token_embeddings(self, new_num_tokens: int, *,
+                                rng: np.random.Generator) -> None:
+        """The vocabulary grown (or cut) to new_num_tokens (numpy_tf.models.resize): the new
+        rows of embed_tokens and of the untied lm_head drawn N(0, initializer_range^2) from
+        `rng`, as HF initialises them (the padding row is kept); a tied head stays tied;
+        config.vocab_size follows."""
+        n = check_new_size(new_num_tokens, self.config.pad_token_id)
+        draw = normal(validate.generator("rng", rng), self.config.initializer_range,
+                      self.dtype)
+        resize_embedding(self.embed_tokens, n, draw)
+        resize_head(self.lm_head, n, draw,
+                    tied_to=self.embed_tokens if self.config.tie_word_embeddings else None)
+        self.config = replace(self.config, vocab_size=n)
 
     def _check_inputs(self, ids, key_padding_mask, past_kv, positions) -> None:
         validate.integer_array("ids", ids, ndim=2, shape="(B, T)")

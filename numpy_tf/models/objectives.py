@@ -106,7 +106,9 @@ class Seq2SeqLoss(_ModelLoss):
     tgt_key_padding_mask=None) -> (mean cross-entropy of `target`, cache) of a Seq2Seq model
     under teacher forcing: decoder_input = BOS + target (padded), target = target + EOS with
     ignore_index (-100) at padding, as numpy_tf.data.reverse_digits gives them
-    (tgt_key_padding_mask is the decoder input's). backward(dloss, cache) -> None."""
+    (tgt_key_padding_mask is the decoder input's). `src_ids` (the name a case file's input
+    has) is (B, S) ids, or (B, S, F) feature vectors for an encoder with src_features.
+    backward(dloss, cache) -> None, or the features' gradient."""
 
     def forward(self, src_ids, decoder_input, target, src_key_padding_mask=None,
                 tgt_key_padding_mask=None, rng=None):

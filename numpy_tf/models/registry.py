@@ -10,7 +10,8 @@ families and presets up here, by one set of names:
     llama     LlamaConfig    Llama        llama                    smollm2-135m, llama-2-7b,
                                                                    llama-tiny
     bert      BertConfig     Bert         bert                     bert-base-uncased, bert-tiny
-    seq2seq   Seq2SeqConfig  Seq2Seq      -                        seq2seq-tiny, seq2seq-digits
+    seq2seq   Seq2SeqConfig  Seq2Seq      - (torch.nn.Transformer) seq2seq-tiny, seq2seq-digits,
+                                                                   transformer-base
     cbow      -              CBOW         -                        -
 
     preset = find_preset("llama-tiny")                 # or PRESETS["llama-tiny"]
@@ -22,7 +23,11 @@ A name is unique across families, presets and their aliases (the names earlier v
 still accepted: tiny, gpt2-124m, smollm2, digits, transformer), so any command can take any of
 them. A family's presets are listed with the published models first. A preset marked `hf` is
 a published Hugging Face model: `numpy-tf params` counts it under that checkpoint's parameter
-names (through the family's hf_config and count_hf).
+names (through the family's hf_config and count_hf). A preset marked `torch` is a torch
+module's shape (transformer-base: torch.nn.Transformer()'s defaults, the base model of
+"Attention Is All You Need"): it is counted as that module, under torch's names (through
+torch_config and count_torch), as a config file {"torch_module": "torch.nn.Transformer",
+<its keyword arguments>} is.
 
 Adding a family (Qwen2, say) is one entry here plus the tables of the tools that need code of
 their own for it, each keyed by the family's name:
@@ -41,8 +46,9 @@ their own for it, each keyed by the family's name:
     5. only if a command does more with it: cli/commands.py TRAIN_TASKS (numpy-tf train) and
        interop/pretrained.py PRETRAINED (released weights for sample and generate).
 
-A family without a count (seq2seq, cbow today) is refused by `numpy-tf params` by name; giving
-it count (and count_hf for a Hugging Face family) is all counting it takes.
+A family without a count (cbow today) is refused by `numpy-tf params` by name; giving it
+count (and count_hf for a Hugging Face family, count_torch for a torch module's kwargs) is all
+counting it takes.
 tests/test_registry.py fails while a registered family lacks an entry a tool needs, and checks
 that every command takes every preset name. Models import nothing above them, so this module
 knows no tool: the tools import it.
@@ -55,8 +61,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..text.tokenizers import ByteTokenizer
-from .accounting import (bert_hf_config, count_bert, count_bert_hf, count_gpt, count_gpt2_hf,
-                         count_llama, count_llama_hf, gpt2_hf_config, llama_hf_config)
+from .accounting import (TORCH_TRANSFORMER, bert_hf_config, count_bert, count_bert_hf,
+                         count_gpt, count_gpt2_hf, count_llama, count_llama_hf,
+                         count_seq2seq, count_torch_transformer, gpt2_hf_config,
+                         llama_hf_config, torch_transformer_config)
 from .bert import Bert, BertConfig
 from .cbow import CBOW
 from .encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
@@ -78,6 +86,9 @@ class Family:
     count: Callable[[Any], Any] | None = None         # numpy_tf config -> Accounting
     count_hf: Callable[[dict], Any] | None = None     # HF config.json -> Accounting (HF names)
     hf_config: Callable[[Any], dict] | None = None    # numpy_tf config -> HF config.json
+    torch_modules: tuple[str, ...] = ()     # torch classes counted from their kwargs
+    count_torch: Callable[[dict], Any] | None = None  # torch kwargs -> Accounting (torch names)
+    torch_config: Callable[[Any], dict] | None = None  # numpy_tf config -> torch kwargs
     checkpoint_kind: str = ""               # "": the model class's name
 
     @property
@@ -95,6 +106,12 @@ class Preset:
     summary: str
     aliases: tuple[str, ...] = ()
     hf: bool = False                        # a published Hugging Face model of this shape
+    torch: bool = False                     # a torch module's shape, counted as that module
+
+    def __post_init__(self):
+        if self.hf and self.torch:
+            raise ValueError(f"preset {self.name!r} is counted either as a Hugging Face model "
+                             "(hf) or as a torch module (torch), not both")
 
     def fields(self) -> dict:
         return self.config.to_dict()
@@ -180,6 +197,14 @@ def presets_of(family_name: str) -> list[Preset]:
 def family_of_model_type(model_type) -> Family | None:
     for candidate in FAMILIES.values():
         if model_type in candidate.hf_model_types:
+            return candidate
+    return None
+
+
+def family_of_torch_module(module) -> Family | None:
+    """The family counting a torch class ("torch.nn.Transformer") from its kwargs."""
+    for candidate in FAMILIES.values():
+        if module in candidate.torch_modules:
             return candidate
     return None
 
@@ -297,7 +322,9 @@ register_family(Family(
     hf_config=bert_hf_config))
 register_family(Family(
     "seq2seq", "the encoder-decoder: torch.nn.Transformer with embeddings and a head", Seq2Seq,
-    Seq2SeqConfig, Seq2SeqLoss, aliases=("transformer",)))
+    Seq2SeqConfig, Seq2SeqLoss, aliases=("transformer",), count=count_seq2seq,
+    torch_modules=(TORCH_TRANSFORMER,), count_torch=count_torch_transformer,
+    torch_config=torch_transformer_config))
 register_family(Family("cbow", "CBOW word vectors (word2vec's continuous bag of words)", CBOW))
 
 for _preset in [
@@ -326,5 +353,10 @@ for _preset in [
            "default block) on the digit vocabulary", aliases=("digits",)),
     Preset("seq2seq-digits", "seq2seq", Seq2SeqConfig(norm_first=True), "the Pre-LN "
            "encoder-decoder `numpy-tf train --task reverse-digits` trains"),
+    Preset("transformer-base", "seq2seq", Seq2SeqConfig(
+        d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
+        dropout=0.1, scale_embeddings=True), "the base model of Attention Is All You Need "
+        "(torch.nn.Transformer()'s defaults); numpy-tf params counts its layer stacks as "
+        "torch.nn.Transformer, 44,140,544", torch=True),
 ]:
     register_preset(_preset)

@@ -177,9 +177,29 @@ def cbow_pairs(ids, window: int) -> CBOWPairs:
     """Every position i with `window` tokens on both sides gives contexts
     ids[i-c:i] + ids[i+1:i+c+1] and centre ids[i]; the c positions at each edge are skipped.
     N = max(0, len(ids) - 2c) pairs; an empty result is returned as such: call
-    `check_nonempty()` before training on it."""
-    ids = validate.token_ids("ids", ids)
+    `check_nonempty()` before training on it.
+
+    `ids` is one sequence (a 1-D array or list of ids), or a list of sentences (each one such
+    sequence): then every window stays inside its sentence, and the pairs of the sentences
+    follow one another. Five 5-word sentences with c = 2 give 5 pairs, one per sentence; the
+    same 25 words as one stream would give 21, 16 of them windows across a sentence boundary."""
     window = validate.positive_int("window", window)
+    if is_sentences(ids):
+        parts = [_sequence_pairs(validate.token_ids(f"ids[{index}]", sentence), window)
+                 for index, sentence in enumerate(ids)]
+        return CBOWPairs(np.concatenate([p.contexts for p in parts]),
+                         np.concatenate([p.centres for p in parts]))
+    return _sequence_pairs(validate.token_ids("ids", ids), window)
+
+
+def is_sentences(data) -> bool:
+    """A non-empty list or tuple whose items are sequences (lists, tuples, arrays or texts),
+    not single ids: the sentences of cbow_pairs and train_cbow."""
+    return isinstance(data, (list, tuple)) and len(data) > 0 and all(
+        isinstance(item, (list, tuple, np.ndarray, str)) for item in data)
+
+
+def _sequence_pairs(ids: np.ndarray, window: int) -> CBOWPairs:
     offsets = np.concatenate([np.arange(-window, 0), np.arange(1, window + 1)])   # (2c,)
     centres = np.arange(window, len(ids) - window)                                # (N,)
     return CBOWPairs(ids[centres[:, None] + offsets].reshape(-1, 2 * window), ids[centres])

@@ -7,6 +7,10 @@ Id layout, shared by both tokenizers (S special tokens, M merges):
     256 .. 256+S-1         the special tokens, in the order given
                            (default: <pad>=256 <bos>=257 <eos>=258 <mask>=259 <unk>=260)
     256+S .. 256+S+M-1     BPETokenizer only: merge r is id 256+S+r
+    V .. V+A-1             special tokens added after training (`add_special_tokens`), after
+                           the whole vocabulary V = 256+S+M, in the order added: every
+                           earlier id and merge keeps its meaning, so a trained model's rows
+                           stay valid and only grow (Llama.resize_token_embeddings(V + A))
 
 Encoding a string, in this order:
 1. Special tokens are found WHOLE first: the registered strings (longest first) cut the text
@@ -27,9 +31,15 @@ So decode(encode(text)) == text for every str: nothing is stripped, normalised o
 newlines and indentation included. The converse does not hold: the bytes of "<mask>" as six byte
 ids decode to "<mask>", which encodes to the one special id (encoding is canonical).
 
-Save/load: `to_dict()` is JSON-able data (kind, special tokens, merges); `to_arrays()` stores it
-as one 0-d string array under the key "tokenizer", so it can sit inside a model's .npz; `save`
-and `load` write and read such a file without pickle.
+Adding a special token matches it whole from then on, like the others: a text holding "<sep>"
+encodes it as the new id (before, it was its bytes or merges), so decode(encode(text)) == text
+still holds, and any text without the new strings encodes exactly as before.
+
+Save/load: `to_dict()` is JSON-able data (kind, special tokens, merges, added tokens);
+`to_arrays()` stores it as one 0-d string array under the key "tokenizer", so it can sit inside
+a model's .npz; `save` and `load` write and read such a file without pickle. Data with added
+tokens is format version 2 (an older reader refuses it instead of dropping them); without,
+version 1, as before.
 """
 from __future__ import annotations
 
@@ -46,7 +56,8 @@ from . import bpe
 BYTE_VOCAB = 256
 DEFAULT_SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<mask>", "<unk>")
 ARRAY_KEY = "tokenizer"
-FORMAT, FORMAT_VERSION = "numpy_tf.tokenizer", 1
+FORMAT, FORMAT_VERSION = "numpy_tf.tokenizer", 2
+READ_VERSIONS = (1, 2)          # 1: no added tokens; 2: "added_tokens" after the vocabulary
 
 # Pre-tokenisation: a run of letters, of digits, or of other symbols (each with at most one
 # leading space, which belongs to the word after it), or a run of whitespace. `\s+(?!\S)` takes
@@ -86,17 +97,16 @@ def split_at_special(text: str, pattern, ids) -> list:
     return pieces
 
 
-def _checked_special_tokens(special_tokens) -> tuple[str, ...]:
+def _checked_special_tokens(special_tokens, name: str = "special_tokens") -> tuple[str, ...]:
     if isinstance(special_tokens, str) or not isinstance(special_tokens, (list, tuple)):
-        raise TypeError("special_tokens must be a list or tuple of strings (a single string "
+        raise TypeError(f"{name} must be a list or tuple of strings (a single string "
                         f"would be read letter by letter); got {special_tokens!r}")
     for position, token in enumerate(special_tokens):
         if not isinstance(token, str) or not token:
-            raise ValueError(f"special_tokens[{position}] must be a non-empty string; got "
-                             f"{token!r}")
+            raise ValueError(f"{name}[{position}] must be a non-empty string; got {token!r}")
     repeated = [token for token, count in Counter(special_tokens).items() if count > 1]
     if repeated:
-        raise ValueError(f"special_tokens must be distinct; {repeated[0]!r} is given "
+        raise ValueError(f"{name} must be distinct; {repeated[0]!r} is given "
                          f"{special_tokens.count(repeated[0])} times")
     return tuple(special_tokens)
 
@@ -118,13 +128,41 @@ class ByteTokenizer:
 
     kind = "byte"
 
-    def __init__(self, special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS):
+    def __init__(self, special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS, *,
+                 added_tokens: Sequence[str] = ()):
         self.special_tokens = _checked_special_tokens(special_tokens)
+        self.added_tokens: tuple[str, ...] = ()
         self._special_ids = {token: BYTE_VOCAB + i for i, token in enumerate(self.special_tokens)}
         self._special_pattern = special_token_pattern(self.special_tokens)
         # the bytes each id stands for (BPETokenizer appends one entry per merge)
         self._id_bytes = [bytes([value]) for value in range(BYTE_VOCAB)] + \
             [token.encode("utf-8") for token in self.special_tokens]
+        if added_tokens:
+            self.add_special_tokens(added_tokens, "added_tokens")
+
+    def add_special_tokens(self, tokens: Sequence[str], argument: str = "tokens") -> list[int]:
+        """Register special tokens after training: each gets the next id after the current
+        vocabulary (V, V + 1, ...), so every existing id and merge is unchanged. From then on
+        the strings are matched whole (see the module text). Returns their ids. A token that
+        is already registered is refused."""
+        tokens = _checked_special_tokens(tokens, argument)
+        taken = [token for token in tokens if token in self._special_ids]
+        if taken:
+            raise ValueError(f"{argument}: special token {taken[0]!r} is already registered "
+                             f"(id {self._special_ids[taken[0]]})")
+        ids = []
+        for token in tokens:
+            ids.append(len(self._id_bytes))
+            self._special_ids[token] = ids[-1]
+            self._id_bytes.append(token.encode("utf-8"))
+        self.added_tokens += tokens
+        self._special_pattern = special_token_pattern(self.all_special_tokens)
+        return ids
+
+    @property
+    def all_special_tokens(self) -> tuple[str, ...]:
+        """The special tokens of the constructor, then those added after training."""
+        return self.special_tokens + self.added_tokens
 
     @property
     def vocab_size(self) -> int:
@@ -134,7 +172,7 @@ class ByteTokenizer:
     def special_id(self, token: str) -> int:
         if token not in self._special_ids:
             raise ValueError(f"special token {token!r} is not registered in this tokenizer; "
-                             f"registered: {', '.join(self.special_tokens) or 'none'}")
+                             f"registered: {', '.join(self.all_special_tokens) or 'none'}")
         return self._special_ids[token]
 
     pad_id = property(lambda self: self.special_id("<pad>"), doc="the id of <pad>")
@@ -145,7 +183,9 @@ class ByteTokenizer:
                       doc="the id of <unk> (kept for models that expect one; never encoded)")
 
     def is_special(self, token_id: int) -> bool:
-        return BYTE_VOCAB <= token_id < BYTE_VOCAB + len(self.special_tokens)
+        added = len(self._id_bytes) - len(self.added_tokens)        # the first added id
+        return BYTE_VOCAB <= token_id < BYTE_VOCAB + len(self.special_tokens) or \
+            added <= token_id < len(self._id_bytes)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes an id stands for (a special token: its UTF-8 string)."""
@@ -188,8 +228,11 @@ class ByteTokenizer:
     # --- saving: JSON-able data, stored in an .npz without pickle ---------------------------
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "version": FORMAT_VERSION, "kind": self.kind,
+        data = {"format": FORMAT, "version": 2 if self.added_tokens else 1, "kind": self.kind,
                 "special_tokens": list(self.special_tokens)}
+        if self.added_tokens:
+            data["added_tokens"] = list(self.added_tokens)
+        return data
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """{"tokenizer": 0-d string array}: merge it into a model's arrays to save both."""
@@ -205,9 +248,12 @@ class ByteTokenizer:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"tokenizer data must be a dict with format {FORMAT!r}; got "
                              f"{str(data)[:80]}")
-        if data.get("version") != FORMAT_VERSION:
+        if data.get("version") not in READ_VERSIONS:
             raise ValueError(f"tokenizer data version {data.get('version')!r} is not supported "
-                             f"(this numpy_tf reads version {FORMAT_VERSION})")
+                             f"(this numpy_tf reads versions "
+                             f"{', '.join(map(str, READ_VERSIONS))})")
+        if data.get("version") == 1 and "added_tokens" in data:
+            raise ValueError("tokenizer data version 1 has no added_tokens (version 2 does)")
         kinds = {"byte": ByteTokenizer, "bpe": BPETokenizer}
         kind = data.get("kind")
         if kind not in kinds or not issubclass(kinds[kind], cls):
@@ -218,7 +264,7 @@ class ByteTokenizer:
 
     @classmethod
     def _from_checked_dict(cls, data: dict) -> "ByteTokenizer":
-        return cls(data.get("special_tokens"))
+        return cls(data.get("special_tokens"), added_tokens=data.get("added_tokens", ()))
 
     @classmethod
     def from_arrays(cls, arrays) -> "ByteTokenizer":
@@ -234,8 +280,9 @@ class ByteTokenizer:
         return cls.from_arrays(load_npz(path))
 
     def __repr__(self) -> str:
+        added = f", added_tokens={list(self.added_tokens)}" if self.added_tokens else ""
         return (f"{type(self).__name__}(vocab_size={self.vocab_size}, "
-                f"special_tokens={list(self.special_tokens)})")
+                f"special_tokens={list(self.special_tokens)}{added})")
 
 
 def _checked_merges(merges, first_id: int) -> tuple[tuple[int, int], ...]:
@@ -267,7 +314,7 @@ class BPETokenizer(ByteTokenizer):
     kind = "bpe"
 
     def __init__(self, merges=(), special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS, *,
-                 pretokenize: bool = True):
+                 pretokenize: bool = True, added_tokens: Sequence[str] = ()):
         super().__init__(special_tokens)
         if not isinstance(pretokenize, bool):
             raise TypeError(f"pretokenize must be True or False; got {pretokenize!r}")
@@ -276,6 +323,8 @@ class BPETokenizer(ByteTokenizer):
         self._ranks = bpe.merge_ranks(self.merges)
         for left, right in self.merges:
             self._id_bytes.append(self._id_bytes[left] + self._id_bytes[right])
+        if added_tokens:                                # after the merges, as they were added
+            self.add_special_tokens(added_tokens, "added_tokens")
 
     @property
     def first_merge_id(self) -> int:
@@ -326,8 +375,11 @@ class BPETokenizer(ByteTokenizer):
     @classmethod
     def _from_checked_dict(cls, data: dict) -> "BPETokenizer":
         return cls(data.get("merges"), data.get("special_tokens"),
-                   pretokenize=data.get("pretokenize"))
+                   pretokenize=data.get("pretokenize"),
+                   added_tokens=data.get("added_tokens", ()))
 
     def __repr__(self) -> str:
+        added = f", added_tokens={list(self.added_tokens)}" if self.added_tokens else ""
         return (f"BPETokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
-                f"special_tokens={list(self.special_tokens)}, pretokenize={self.pretokenize})")
+                f"special_tokens={list(self.special_tokens)}, pretokenize={self.pretokenize}"
+                f"{added})")

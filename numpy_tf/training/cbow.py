@@ -14,7 +14,7 @@ from ..core.npz import from_json_array, json_array, load_npz, save_npz
 from ..layers.cross_entropy_loss import cross_entropy
 from ..models.cbow import CBOW
 from ..optim import Adam
-from ..text.datasets import batch_indices, cbow_pairs
+from ..text.datasets import batch_indices, cbow_pairs, is_sentences
 from ..text.vocabulary import Vocabulary, words
 
 
@@ -30,10 +30,12 @@ def train_cbow(data, window: int = 2, dim: int = 16, epochs: int = 50, batch_siz
     """Train a CBOW model with Adam on every (context, centre) pair of `data`.
 
     `data` is a text (its words give the vocabulary, unless `vocabulary` is given) or a 1-D
-    sequence of ids (then V is len(vocabulary), or max id + 1 without one). Positions without
-    `window` words on both sides are skipped; too short a text is an error, raised before any
-    work. `rng`, an explicit Generator (required: None is an error), draws the initial weights
-    and shuffles the pairs every epoch.
+    sequence of ids (then V is len(vocabulary), or max id + 1 without one), or a list of
+    sentences, each a text or a sequence of ids: then every window stays inside its sentence
+    (cbow_pairs), and the vocabulary is built from all of them, in order. Positions without
+    `window` words on both sides (in their sentence) are skipped; too short a text is an
+    error, raised before any work. `rng`, an explicit Generator (required: None is an error),
+    draws the initial weights and shuffles the pairs every epoch.
 
     The loss of an epoch is the mean over EVERY pair: each batch's mean is weighted by its
     number of pairs, so a smaller last batch counts for what it holds (the plain mean of the
@@ -46,16 +48,26 @@ def train_cbow(data, window: int = 2, dim: int = 16, epochs: int = 50, batch_siz
     batch_size = validate.positive_int("batch_size", batch_size)
     lr = validate.number("lr", lr, low=0.0)
     rng = validate.generator("rng", rng)
-    if isinstance(data, str):
-        tokens = words(data)
-        vocabulary = Vocabulary.build(tokens) if vocabulary is None else vocabulary
-        ids = vocabulary.encode(tokens)
+    sentences = data if is_sentences(data) else [data]
+    texts = [isinstance(sentence, str) for sentence in sentences]
+    if any(texts) and not all(texts):
+        raise TypeError("data sentences must be all texts or all id sequences; got a mix "
+                        f"(sentence {texts.index(not texts[0])} differs from sentence 0)")
+    if all(texts):
+        tokens = [words(sentence) for sentence in sentences]
+        if vocabulary is None:
+            vocabulary = Vocabulary.build([token for sentence in tokens for token in sentence])
+        sequences = [vocabulary.encode(sentence) for sentence in tokens]
     else:
-        ids = validate.token_ids("data", data, size=None if vocabulary is None else
-                                 len(vocabulary))
-    pairs = cbow_pairs(ids, window)
+        size = None if vocabulary is None else len(vocabulary)
+        names = ["data"] if len(sentences) == 1 and sentences[0] is data else \
+            [f"data[{index}]" for index in range(len(sentences))]
+        sequences = [validate.token_ids(name, sentence, size=size)
+                     for name, sentence in zip(names, sentences)]
+    pairs = cbow_pairs(sequences, window)
     pairs.check_nonempty()
-    vocab_size = len(vocabulary) if vocabulary is not None else int(ids.max()) + 1
+    vocab_size = len(vocabulary) if vocabulary is not None else \
+        max(int(ids.max()) for ids in sequences if len(ids)) + 1
 
     model = CBOW(vocab_size, dim, rng=rng, dtype=dtype)
     optimizer = Adam(model.parameters(), lr=lr)

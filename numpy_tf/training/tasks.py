@@ -62,6 +62,9 @@ def reverse_digits_trainer(config, settings: TrainSettings, *, min_length: int =
     from ..models.objectives import Seq2SeqLoss
     from ..text.datasets import reverse_digits
 
+    if config.src_features is not None:
+        raise ValueError(f"reversing digits reads digit ids as the source; a config with "
+                         f"src_features={config.src_features} reads feature vectors")
     held_out = reverse_digits(eval_count, np.random.default_rng(settings.seed + 1_000_003),
                               min_length, max_length)
 

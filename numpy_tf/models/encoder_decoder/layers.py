@@ -1,5 +1,5 @@
 """The two layers of the encoder-decoder Transformer, equal to torch.nn.TransformerEncoderLayer
-and torch.nn.TransformerDecoderLayer (batch_first=True). transformer.py stacks them.
+and torch.nn.TransformerDecoderLayer. transformer.py stacks them.
 
 Shapes: B batch, S source length, T target length, L either, C = d_model, H = nhead,
 F = dim_feedforward.
@@ -21,6 +21,13 @@ torch's: self_attn.in_proj_weight, multihead_attn.out_proj.bias, linear1.weight,
 
 Each forward lists both orders in full, one module per line; each backward lists them in exact
 reverse, one named gradient per line; the cache has one field per module, named as it.
+
+Layouts: batch_first=True (numpy_tf's default) is (B, S, C); batch_first=False (torch's
+default) is sequence-first (S, B, C) for src, tgt, memory, the outputs, dout and the returned
+gradients. The layer swaps the first two axes at its entry and exit (batch_major, caller_layout) and
+computes in (B, S, C) in between, so the listings below read the same for both and the numbers
+are batch_first's bit for bit; masks and KV caches have the same shapes in both layouts (key
+padding (B, S), heads (B, H, S, C/H)).
 
 Masks have torch's meaning (SPEC §4): bool True = blocked, float added to the scores; attention
 masks (Tq, Tk) or (B * H, Tq, Tk) (one per head), key padding masks (B, Tk) True at padding.
@@ -48,10 +55,22 @@ from ...layers.norm import LayerNorm, LayerNormCache
 ACTIVATIONS = ("relu", "gelu")          # torch's strings; "gelu" is the exact (erf) GELU
 
 
-def check_batch_first(batch_first) -> None:
-    if batch_first is not True:
-        raise ValueError("numpy_tf's Transformer is batch-first only: inputs are (B, S, C), as "
-                         f"torch's batch_first=True; got batch_first={batch_first!r}")
+def batch_major(x, batch_first: bool):
+    """A layer's input (or dout) as (B, L, C): x itself when batch_first, else the sequence-
+    first (L, B, C) with its first two axes swapped, in memory order (a copy, unless x is
+    itself a swapped view of a (B, L, C) array, as one layer's output is to the next layer).
+    So the arithmetic in between is batch_first's, bit for bit."""
+    return x if batch_first or x is None else np.ascontiguousarray(x.swapaxes(0, 1))
+
+
+def caller_layout(y, batch_first: bool):
+    """A (B, L, C) result in the caller's layout: itself, or its (L, B, C) view."""
+    return y if batch_first or y is None else y.swapaxes(0, 1)
+
+
+def legend(axis: str, batch_first: bool) -> str:
+    """The shape a sequence argument has in the layout: "(B, S, C)" or "(S, B, C)"."""
+    return f"(B, {axis}, C)" if batch_first else f"({axis}, B, C), batch_first=False"
 
 
 def check_attention_mask(name: str, mask, batch: int, heads: int, queries: int, keys: int,
@@ -89,7 +108,7 @@ class _Layer(Module):
                  batch_first: bool = True, norm_first: bool = False, bias: bool = True, *,
                  rng: np.random.Generator | int = 0, dtype=np.float64):
         super().__init__(dtype)
-        check_batch_first(batch_first)
+        self.batch_first = validate.flag("batch_first", batch_first)
         validate.choice("activation", activation, ACTIVATIONS)
         self.d_model = validate.positive_int("d_model", d_model)
         self.nhead = validate.positive_int("nhead", nhead)
@@ -130,8 +149,8 @@ class EncoderLayerCache(NamedTuple):
 
 class TransformerEncoderLayer(_Layer):
     """torch.nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation,
-    layer_norm_eps, batch_first=True, norm_first, bias): self_attn, linear1, linear2, norm1,
-    norm2. forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False, rng=None)
+    layer_norm_eps, batch_first, norm_first, bias): self_attn, linear1, linear2, norm1,
+    norm2 (batch_first True by default: (B, S, C); False: (S, B, C)). forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False, rng=None)
     -> (out, cache); backward(dout, cache) -> dsrc."""
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False, rng=None):
@@ -139,7 +158,8 @@ class TransformerEncoderLayer(_Layer):
             Pre-LN   u = src + dropout1(self_attn(norm1(src)))   y = u + dropout2(ffn(norm2(u)))
             Post-LN  u = norm1(src + dropout1(self_attn(src)))   y = norm2(u + dropout2(ffn(u)))
         with ffn(h) = linear2(dropout(activation(linear1(h))))."""
-        check_sequence("src", src, self.d_model, self.dtype, "(B, S, C)")
+        check_sequence("src", src, self.d_model, self.dtype, legend("S", self.batch_first))
+        src = batch_major(src, self.batch_first)                    # (B, S, C)
         batch, length = src.shape[:2]
         check_attention_mask("src_mask", src_mask, batch, self.nhead, length, length, src.dtype,
                              ("S", "S"))
@@ -169,6 +189,7 @@ class TransformerEncoderLayer(_Layer):
             f, linear2 = self.linear2.forward(z)                    # (B, S, C)
             f, dropout2 = self.dropout2.forward(f, rng)
             y, norm2 = self.norm2.forward(u + f)                    # (B, S, C)
+        y = caller_layout(y, self.batch_first)
         return y, EncoderLayerCache(norm1, self_attn, dropout1, norm2, linear1, activation,
                                     dropout, linear2, dropout2)
 
@@ -178,6 +199,7 @@ class TransformerEncoderLayer(_Layer):
         (directly and through a branch) gets the sum of the two gradients; Post-LN's ds is the
         gradient of the sum inside a norm. The self-attention reads its input three times, as
         the query, the key and the value: that input's gradient is dquery + dkey + dvalue."""
+        dy = batch_major(dy, self.batch_first)                      # (B, S, C)
         if self.norm_first:
             df = self.dropout2.backward(dy, cache.dropout2)         # f = dropout2(f); y = u + f
             dz = self.linear2.backward(df, cache.linear2)           # f = linear2(z)
@@ -200,7 +222,7 @@ class TransformerEncoderLayer(_Layer):
             da = self.dropout1.backward(ds, cache.dropout1)         # a = dropout1(a)
             dquery, dkey, dvalue = self.self_attn.backward(da, cache.self_attn)
             dsrc = ds + (dquery + (dkey + dvalue))                  # a = self_attn(src, src, src)
-        return dsrc
+        return caller_layout(dsrc, self.batch_first)
 
 
 class DecoderLayerCache(NamedTuple):
@@ -223,8 +245,8 @@ class DecoderLayerCache(NamedTuple):
 
 
 class TransformerDecoderLayer(_Layer):
-    """torch.nn.TransformerDecoderLayer (batch_first=True): self_attn, multihead_attn, linear1,
-    linear2, norm1, norm2, norm3.
+    """torch.nn.TransformerDecoderLayer (batch_first True by default: (B, T, C); False: (T, B, C)):
+    self_attn, multihead_attn, linear1, linear2, norm1, norm2, norm3.
     forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
             memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False,
             rng=None, *, past_kv=None, static_kv=None) -> (out, cache)
@@ -236,14 +258,16 @@ class TransformerDecoderLayer(_Layer):
 
     def check_inputs(self, tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
                      memory_key_padding_mask, past_kv, static_kv) -> None:
-        check_sequence("tgt", tgt, self.d_model, self.dtype, "(B, T, C)")
-        batch, length = tgt.shape[:2]
+        """tgt and memory in the layer's layout (batch_first or not)."""
+        check_sequence("tgt", tgt, self.d_model, self.dtype, legend("T", self.batch_first))
+        batch, length = caller_layout(tgt, self.batch_first).shape[:2]
         if static_kv is None:
-            check_sequence("memory", memory, self.d_model, self.dtype, "(B, S, C)")
-            if memory.shape[0] != batch:
+            check_sequence("memory", memory, self.d_model, self.dtype,
+                           legend("S", self.batch_first))
+            memory_batch, sources = caller_layout(memory, self.batch_first).shape[:2]
+            if memory_batch != batch:
                 raise ValueError(f"memory must have the batch size of tgt ({batch}); got shape "
                                  f"{memory.shape}")
-            sources = memory.shape[1]
         elif memory is not None:
             raise ValueError("give either memory or static_kv (its keys and values), not both")
         else:
@@ -273,6 +297,8 @@ class TransformerDecoderLayer(_Layer):
         attention's key and value (with static_kv, memory is None and static_kv holds them)."""
         self.check_inputs(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
                           memory_key_padding_mask, past_kv, static_kv)
+        tgt = batch_major(tgt, self.batch_first)                    # (B, T, C)
+        memory = batch_major(memory, self.batch_first)              # (B, S, C)
         self_options = dict(key_padding_mask=tgt_key_padding_mask, attn_mask=tgt_mask,
                             is_causal=bool(tgt_is_causal), rng=rng, past_kv=past_kv)
         cross_options = dict(key_padding_mask=memory_key_padding_mask, attn_mask=memory_mask,
@@ -306,6 +332,7 @@ class TransformerDecoderLayer(_Layer):
             f, linear2 = self.linear2.forward(z)                    # (B, T, C)
             f, dropout3 = self.dropout3.forward(f, rng)
             y, norm3 = self.norm3.forward(w + f)                    # (B, T, C)
+        y = caller_layout(y, self.batch_first)
         return y, DecoderLayerCache(norm1, self_attn, dropout1, norm2, multihead_attn, dropout2,
                                     norm3, linear1, activation, dropout, linear2, dropout3,
                                     self_attn.present, multihead_attn.present)
@@ -315,6 +342,7 @@ class TransformerDecoderLayer(_Layer):
         (the residual sums as in TransformerEncoderLayer.backward). The memory is the cross-
         attention's key and value, so its gradient is dkey + dvalue (None with static_kv:
         those keys and values were computed by an earlier call)."""
+        dy = batch_major(dy, self.batch_first)                      # (B, T, C)
         if self.norm_first:
             df = self.dropout3.backward(dy, cache.dropout3)         # f = dropout3(f); y = w + f
             dz = self.linear2.backward(df, cache.linear2)           # f = linear2(z)
@@ -346,4 +374,4 @@ class TransformerDecoderLayer(_Layer):
             da = self.dropout1.backward(ds, cache.dropout1)         # a = dropout1(a)
             dquery, dkey, dvalue = self.self_attn.backward(da, cache.self_attn)
             dtgt = ds + (dquery + (dkey + dvalue))                  # a = self_attn(tgt, tgt, tgt)
-        return dtgt, dmemory
+        return caller_layout(dtgt, self.batch_first), caller_layout(dmemory, self.batch_first)

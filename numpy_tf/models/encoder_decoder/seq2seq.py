@@ -5,6 +5,18 @@ with a token embedding for each side, sinusoidal positions and an output head (n
     tgt_ids (B, T) -> tgt_embedding (B, T, C) [* sqrt(C)] + PE -> decoder(., memory) (B, T, C)
                    -> output (B, T, V) logits
 
+Feature inputs (`src_features=F`, as speech models read filter-bank frames): the source is
+(B, S, F) float vectors, and a Linear front end `src_projection` (F -> C, with bias) takes the
+place of the source token embedding (there is then no src_embedding, and src_vocab_size must
+be None):
+
+    src (B, S, F) -> src_projection (B, S, C) + PE -> encoder -> memory (B, S, C)
+
+(`scale_embeddings` scales the token embeddings only; the projection is not scaled.)
+`final_norms=False` leaves out the final LayerNorms of both stacks (transformer.encoder.norm,
+transformer.decoder.norm), which torch.nn.Transformer always has: a Post-LN stack already ends
+in its last layer's LayerNorm, and many encoder-decoder codebases build it so.
+
 Training is teacher forcing: the decoder reads BOS + target and is trained to predict target +
 EOS, every position at once; the causal mask keeps position t from seeing t + 1 .., and the
 source padding mask is also the memory's, so no position attends to source padding
@@ -15,15 +27,15 @@ loss).
 sqrt(d_model) before adding the positions. The default, False, adds the positions to the
 unscaled embeddings; True gives the paper's.
 
-Parameter names: src_embedding.weight, tgt_embedding.weight, transformer.* (torch.nn.Transformer's
-keys), output.weight, output.bias. Generation: `encode` once, then `decode` step by step with
+Parameter names: src_embedding.weight (or src_projection.weight, src_projection.bias),
+tgt_embedding.weight, transformer.* (torch.nn.Transformer's keys), output.weight, output.bias. Generation: `encode` once, then `decode` step by step with
 `past_kv` (the decoder's self-attention cache) and `static_kv` (the memory's keys and values),
 both returned in the decode cache (`present`, `cross_kv`).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -34,12 +46,13 @@ from ...layers.embedding import Embedding, EmbeddingCache
 from ...layers.linear import Linear, LinearCache
 from ...layers.positions import SinusoidalPositions
 from ...text.datasets import DIGIT_VOCAB_SIZE
+from ..resize import check_new_size, normal, resize_embedding, resize_head, uniform
 from .transformer import DecoderCache, StackCache, Transformer
 
 
 @dataclass(frozen=True)
 class Seq2SeqConfig:
-    src_vocab_size: int = DIGIT_VOCAB_SIZE
+    src_vocab_size: int | None = DIGIT_VOCAB_SIZE   # None with src_features: no source ids
     tgt_vocab_size: int = DIGIT_VOCAB_SIZE
     d_model: int = 32
     nhead: int = 4
@@ -52,6 +65,23 @@ class Seq2SeqConfig:
     norm_first: bool = False            # Post-LN (torch's default) or Pre-LN
     bias: bool = True
     scale_embeddings: bool = False      # multiply the embeddings by sqrt(d_model) (the paper)
+    src_features: int | None = None     # F: the source is (B, S, F) vectors, read by a Linear
+    final_norms: bool = True            # the stacks' final LayerNorms (torch always has them)
+
+    def __post_init__(self):
+        validate.flag("final_norms", self.final_norms)
+        validate.positive_int("tgt_vocab_size", self.tgt_vocab_size)
+        if self.src_features is None:
+            if self.src_vocab_size is None:
+                raise ValueError("Seq2SeqConfig needs src_vocab_size (the source is token ids) "
+                                 "or src_features (the source is feature vectors); got neither")
+            validate.positive_int("src_vocab_size", self.src_vocab_size)
+        else:
+            validate.positive_int("src_features", self.src_features)
+            if self.src_vocab_size is not None:
+                raise ValueError(f"Seq2SeqConfig with src_features={self.src_features} reads "
+                                 "feature vectors, so the source has no vocabulary: give "
+                                 f"src_vocab_size=None; got src_vocab_size={self.src_vocab_size}")
 
     def transformer_kwargs(self) -> dict:
         """The torch.nn.Transformer(...) keyword arguments of the model's Transformer."""
@@ -65,12 +95,12 @@ class Seq2SeqConfig:
 
 
 class EmbedCache(NamedTuple):
-    tokens: EmbeddingCache  # the ids (B, L) looked up
+    tokens: EmbeddingCache | LinearCache  # the ids (B, L) looked up, or the features projected
     positions: None         # the sinusoidal table is a constant
 
 
 class EncodeCache(NamedTuple):
-    embedding: EmbedCache   # src_ids -> x (B, S, C)
+    embedding: EmbedCache   # src -> x (B, S, C)
     encoder: StackCache     # x -> memory (B, S, C)
 
 
@@ -83,25 +113,58 @@ class DecodeCache(NamedTuple):
 
 
 class Seq2SeqCache(NamedTuple):
-    encode: EncodeCache     # src_ids -> memory
+    encode: EncodeCache     # src -> memory
     decode: DecodeCache     # tgt_ids, memory -> logits
 
 
 class Seq2Seq(Module):
-    """forward(src_ids, tgt_ids, src_key_padding_mask=None, tgt_key_padding_mask=None, rng=None)
-    -> (logits (B, T, V), cache); backward(dlogits, cache) -> None."""
+    """forward(src, tgt_ids, src_key_padding_mask=None, tgt_key_padding_mask=None, rng=None)
+    -> (logits (B, T, V), cache); backward(dlogits, cache) -> None. `src` is (B, S) ids, or
+    (B, S, F) feature vectors with `src_features=F` (backward then returns dsrc)."""
 
     def __init__(self, config: Seq2SeqConfig = Seq2SeqConfig(), *,
                  rng: np.random.Generator | int = 0, dtype=np.float64):
         super().__init__(dtype)
+        if not isinstance(config, Seq2SeqConfig):
+            raise TypeError(f"config must be a Seq2SeqConfig; got {type(config).__name__}")
         rng = np.random.default_rng(rng)
         self.config = c = config
-        self.src_embedding = Embedding(c.src_vocab_size, c.d_model, rng=rng, dtype=dtype)
+        if c.src_features is None:
+            self.src_embedding = Embedding(c.src_vocab_size, c.d_model, rng=rng, dtype=dtype)
+        else:
+            self.src_projection = Linear(c.src_features, c.d_model, rng=rng, dtype=dtype)
         self.tgt_embedding = Embedding(c.tgt_vocab_size, c.d_model, rng=rng, dtype=dtype)
         self.positions = SinusoidalPositions(c.d_model, dtype)
-        self.transformer = Transformer(**c.transformer_kwargs(), rng=rng, dtype=dtype)
+        self.transformer = Transformer(**c.transformer_kwargs(), final_norms=c.final_norms,
+                                       rng=rng, dtype=dtype)
         self.output = Linear(c.d_model, c.tgt_vocab_size, rng=rng, dtype=dtype)
         self.scale = math.sqrt(c.d_model) if c.scale_embeddings else 1.0
+
+    def resize_token_embeddings(self, new_num_tokens: int, *, rng: np.random.Generator,
+                                side: str = "both") -> None:
+        """A vocabulary grown (or cut) to new_num_tokens (numpy_tf.models.resize): `side`
+        "tgt" resizes tgt_embedding and the output head (weight and bias), "src" the
+        src_embedding, "both" (a vocabulary both sides share, the default) all three; the new
+        rows as the model draws them, from `rng`: embeddings N(0, 1) (torch's Embedding), the
+        head U(+-1/sqrt(d_model)) (torch's Linear). The config's vocabulary sizes follow. A
+        source of feature vectors has no vocabulary: "both" is then the target's."""
+        n = check_new_size(new_num_tokens)
+        validate.choice("side", side, ("both", "src", "tgt"))
+        rng = validate.generator("rng", rng)
+        c = self.config
+        if side == "src" and c.src_features is not None:
+            raise ValueError(f"side 'src': the source is feature vectors (src_features="
+                             f"{c.src_features}), it has no vocabulary to resize")
+        changes = {}
+        if side in ("both", "src") and c.src_features is None:
+            resize_embedding(self.src_embedding, n, normal(rng, 1.0, self.dtype))
+            changes["src_vocab_size"] = n
+        if side in ("both", "tgt"):
+            resize_embedding(self.tgt_embedding, n, normal(rng, 1.0, self.dtype))
+            head = uniform(rng, c.d_model, self.dtype)
+            resize_head(self.output, n, head, head)
+            changes["tgt_vocab_size"] = n
+        self.config = replace(c, **changes)
 
     def _embed(self, embedding: Embedding, ids, offset: int = 0):
         """x = scale E[ids] + PE[offset ..]: ids (B, L) -> x (B, L, C), for either side."""
@@ -118,18 +181,49 @@ class Seq2Seq(Module):
             dx = dx * self.scale                                    # x = x * scale
         embedding.backward(dx, cache.tokens)                        # x = E[ids]
 
-    def encode(self, src_ids, src_key_padding_mask=None, rng=None):
-        """src_ids (B, S) -> (memory (B, S, C), EncodeCache)."""
-        validate.integer_array("src_ids", src_ids, ndim=2, shape="(B, S)")
-        x, embedding = self._embed(self.src_embedding, src_ids)     # (B, S, C)
+    def _project(self, features):
+        """x = src_projection(features) + PE: (B, S, F) -> (B, S, C)."""
+        x, projection = self.src_projection.forward(features)       # (B, S, C)
+        x, positions = self.positions.forward(x)                    # (B, S, C)
+        return x, EmbedCache(projection, positions)
+
+    def _project_backward(self, dx, cache: EmbedCache):
+        """Returns dfeatures (B, S, F)."""
+        dx = self.positions.backward(dx, cache.positions)           # x = x + PE
+        return self.src_projection.backward(dx, cache.tokens)       # x = src_projection(features)
+
+    def check_source(self, src) -> None:
+        """src (B, S) ids in range, or (B, S, F) float features of the model's dtype."""
+        c = self.config
+        if c.src_features is None:
+            validate.integer_array("src", src, ndim=2, shape="(B, S) ids")
+            validate.ids_in_range("src", src, c.src_vocab_size)
+            return
+        validate.float_array("src", src, ndim=3, shape="(B, S, F) features")
+        validate.last_dim("src", src, c.src_features, "src_features")
+        if src.dtype != self.dtype:
+            raise TypeError(f"src has dtype {src.dtype} but the model's parameters are "
+                            f"{self.dtype}; numpy_tf never casts silently")
+
+    def encode(self, src, src_key_padding_mask=None, rng=None):
+        """src (B, S) ids or (B, S, F) features -> (memory (B, S, C), EncodeCache)."""
+        self.check_source(src)
+        if self.config.src_features is None:
+            x, embedding = self._embed(self.src_embedding, src)     # (B, S, C)
+        else:
+            x, embedding = self._project(src)                       # (B, S, C)
         memory, encoder = self.transformer.encoder.forward(x, None, src_key_padding_mask,
                                                            None, rng)  # (B, S, C)
         return memory, EncodeCache(embedding, encoder)
 
-    def encode_backward(self, dmemory, cache: EncodeCache) -> None:
-        """The encoder side in exact reverse; returns None (integer ids have no gradient)."""
+    def encode_backward(self, dmemory, cache: EncodeCache):
+        """The encoder side in exact reverse; returns dsrc (B, S, F) for feature inputs, None
+        for ids (integers have no gradient)."""
         dx = self.transformer.encoder.backward(dmemory, cache.encoder)  # memory = encoder(x)
-        self._embed_backward(self.src_embedding, dx, cache.embedding)  # x = embed(src_ids)
+        if self.config.src_features is not None:
+            return self._project_backward(dx, cache.embedding)      # x = project(src)
+        self._embed_backward(self.src_embedding, dx, cache.embedding)  # x = embed(src)
+        return None
 
     def decode(self, tgt_ids, memory, src_key_padding_mask=None, tgt_key_padding_mask=None,
                rng=None, *, past_kv=None, static_kv=None):
@@ -153,27 +247,25 @@ class Seq2Seq(Module):
         self._embed_backward(self.tgt_embedding, dy, cache.embedding)  # y = embed(tgt_ids)
         return dmemory
 
-    def forward(self, src_ids, tgt_ids, src_key_padding_mask=None, tgt_key_padding_mask=None,
+    def forward(self, src, tgt_ids, src_key_padding_mask=None, tgt_key_padding_mask=None,
                 rng=None):
-        validate.integer_array("src_ids", src_ids, ndim=2, shape="(B, S)")
+        self.check_source(src)
         validate.integer_array("tgt_ids", tgt_ids, ndim=2, shape="(B, T)")
-        if src_ids.shape[0] != tgt_ids.shape[0]:
-            raise ValueError(f"src_ids and tgt_ids must have the same batch size; got "
-                             f"{src_ids.shape[0]} and {tgt_ids.shape[0]}")
-        validate.ids_in_range("src_ids", src_ids, self.config.src_vocab_size)
+        if src.shape[0] != tgt_ids.shape[0]:
+            raise ValueError(f"src and tgt_ids must have the same batch size; got "
+                             f"{src.shape[0]} and {tgt_ids.shape[0]}")
         validate.ids_in_range("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         validate.mask_array("src_key_padding_mask", src_key_padding_mask,
-                            {"(B, S)": src_ids.shape}, self.dtype, "padding")
+                            {"(B, S)": src.shape[:2]}, self.dtype, "padding")
         validate.mask_array("tgt_key_padding_mask", tgt_key_padding_mask,
                             {"(B, T)": tgt_ids.shape}, self.dtype, "padding")
-        memory, encode = self.encode(src_ids, src_key_padding_mask, rng)  # (B, S, C)
+        memory, encode = self.encode(src, src_key_padding_mask, rng)  # (B, S, C)
         logits, decode = self.decode(tgt_ids, memory, src_key_padding_mask,
                                      tgt_key_padding_mask, rng)     # (B, T, V)
         return logits, Seq2SeqCache(encode, decode)
 
     def backward(self, dlogits, cache: Seq2SeqCache):
         """The forward in exact reverse: the decoder side, then the encoder with the memory's
-        gradient. Returns None (integer ids have no gradient)."""
+        gradient. Returns dsrc for feature inputs, None for ids (integers have no gradient)."""
         dmemory = self.decode_backward(dlogits, cache.decode)       # logits = decode(tgt, memory)
-        self.encode_backward(dmemory, cache.encode)                 # memory = encode(src_ids)
-        return None
+        return self.encode_backward(dmemory, cache.encode)          # memory = encode(src)

@@ -1,13 +1,19 @@
-"""The encoder-decoder Transformer, equal to torch.nn.Transformer(batch_first=True).
+"""The encoder-decoder Transformer, equal to torch.nn.Transformer.
 
-Shapes: B batch, S source length, T target length, C = d_model, H = nhead.
+Shapes: B batch, S source length, T target length, C = d_model, H = nhead. With
+batch_first=True (numpy_tf's default) src is (B, S, C), tgt and the output (B, T, C); with
+batch_first=False (torch's default) they are sequence-first, (S, B, C) and (T, B, C), and so
+are dout and the gradients; masks are the same in both (each layer swaps the axes at its entry
+and exit, see layers.py).
 
     memory = encoder.norm(encoder layers(src))              (B, S, C)
     out    = decoder.norm(decoder layers(tgt, memory))      (B, T, C)
 
 The layers (Post-LN or Pre-LN, their sub-layers and KV caches) are in
 numpy_tf.models.encoder_decoder.layers. Each stack ends with a final LayerNorm (`encoder.norm`,
-`decoder.norm`), which nn.Transformer always adds, Pre-LN or Post-LN.
+`decoder.norm`), which nn.Transformer always adds, Pre-LN or Post-LN; `final_norms=False`
+leaves both out (the stacks then end with their last layer, as many Post-LN codebases build
+them).
 
 Masks have torch's meaning (SPEC §4): bool True = blocked, float added to the scores.
     src_mask (S, S), tgt_mask (T, T), memory_mask (T, S), or (B * H, ., .) for one per head;
@@ -41,10 +47,18 @@ from ...core import validate
 from ...core.module import Module, ModuleList
 from ...layers.norm import LayerNorm, LayerNormCache
 from .layers import (TransformerDecoderLayer, TransformerEncoderLayer, check_attention_mask,
-                     check_padding_mask, check_sequence)
+                     check_padding_mask, caller_layout, check_sequence, legend)
 
 __all__ = ["Transformer", "TransformerEncoder", "TransformerDecoder",
            "TransformerEncoderLayer", "TransformerDecoderLayer"]
+
+# torch.nn.Transformer's keyword arguments and torch's defaults (those numpy_tf reads: the
+# interop converters and parameter accounting take its kwargs; device and dtype are not read)
+TORCH_TRANSFORMER_DEFAULTS = {
+    "d_model": 512, "nhead": 8, "num_encoder_layers": 6, "num_decoder_layers": 6,
+    "dim_feedforward": 2048, "dropout": 0.1, "activation": "relu", "custom_encoder": None,
+    "custom_decoder": None, "layer_norm_eps": 1e-5, "batch_first": False, "norm_first": False,
+    "bias": True}
 
 
 class StackCache(NamedTuple):
@@ -146,8 +160,12 @@ class TransformerCache(NamedTuple):
 
 class Transformer(Module):
     """torch.nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers,
-    dim_feedforward, dropout, activation, layer_norm_eps, batch_first=True, norm_first, bias),
-    with torch's defaults; every weight matrix xavier-uniform as torch initialises it.
+    dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias),
+    with torch's defaults but batch_first (True here: (B, S, C); False: (S, B, C), torch's);
+    every weight matrix xavier-uniform as torch initialises it.
+    `final_norms=False` (numpy_tf's option: torch.nn.Transformer always has them) leaves out
+    the stacks' final LayerNorms, encoder.norm and decoder.norm, as a torch TransformerEncoder /
+    TransformerDecoder built without `norm` (a Post-LN stack already ends in a LayerNorm).
     forward(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
             tgt_key_padding_mask, memory_key_padding_mask, src_is_causal, tgt_is_causal,
             memory_is_causal, rng) -> (out (B, T, C), cache); backward(dout, cache) ->
@@ -157,19 +175,22 @@ class Transformer(Module):
                  num_decoder_layers: int = 6, dim_feedforward: int = 2048,
                  dropout: float = 0.1, activation: str = "relu", layer_norm_eps: float = 1e-5,
                  batch_first: bool = True, norm_first: bool = False, bias: bool = True, *,
-                 rng: np.random.Generator | int = 0, dtype=np.float64):
+                 final_norms: bool = True, rng: np.random.Generator | int = 0,
+                 dtype=np.float64):
         super().__init__(dtype)
+        final_norms = validate.flag("final_norms", final_norms)
         rng = np.random.default_rng(rng)
         options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
                        layer_norm_eps=layer_norm_eps, batch_first=batch_first,
                        norm_first=norm_first, bias=bias, rng=rng, dtype=dtype)
         self.d_model, self.nhead = d_model, nhead
+        self.batch_first = validate.flag("batch_first", batch_first)
         self.encoder = TransformerEncoder(
             TransformerEncoderLayer(d_model, nhead, **options), num_encoder_layers,
-            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype))
+            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype) if final_norms else None)
         self.decoder = TransformerDecoder(
             TransformerDecoderLayer(d_model, nhead, **options), num_decoder_layers,
-            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype))
+            LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=dtype) if final_norms else None)
         for parameter in self.parameters():
             if parameter.data.ndim > 1:                                 # xavier_uniform_
                 bound = math.sqrt(6.0 / sum(parameter.shape))
@@ -179,12 +200,13 @@ class Transformer(Module):
                 src_key_padding_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
                 memory_is_causal=False, rng=None):
-        check_sequence("src", src, self.d_model, self.dtype, "(B, S, C)")
-        check_sequence("tgt", tgt, self.d_model, self.dtype, "(B, T, C)")
-        if src.shape[0] != tgt.shape[0]:
-            raise ValueError(f"src and tgt must have the same batch size; got {src.shape[0]} "
-                             f"and {tgt.shape[0]}")
-        batch, sources = src.shape[:2]
+        check_sequence("src", src, self.d_model, self.dtype, legend("S", self.batch_first))
+        check_sequence("tgt", tgt, self.d_model, self.dtype, legend("T", self.batch_first))
+        batch, sources = caller_layout(src, self.batch_first).shape[:2]
+        if caller_layout(tgt, self.batch_first).shape[0] != batch:
+            axis = 0 if self.batch_first else 1
+            raise ValueError(f"src and tgt must have the same batch size; got {src.shape[axis]} "
+                             f"and {tgt.shape[axis]}")
         check_attention_mask("src_mask", src_mask, batch, self.nhead, sources, sources,
                              src.dtype, ("S", "S"))
         check_padding_mask("src_key_padding_mask", src_key_padding_mask, batch, sources,
