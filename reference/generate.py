@@ -2,15 +2,23 @@
 
 Each family script draws its inputs and weights from fixed torch seeds, runs the torch modules
 forward and backward, and writes one case file per (case, dtype). The scripts are deterministic:
-regenerating gives the same arrays (`python reference/compare.py DIR reference/fixtures`).
+regenerating gives the same arrays (`python reference/compare.py DIR reference/fixtures`), on
+any x86-64 CPU: the script pins torch's kernels and MKL's products to their portable paths.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-import torch
+# The same arrays on every x86-64 CPU: torch's own kernels in their portable form (not the AVX2
+# or AVX-512 variants it picks by CPU, whose reductions round differently) and MKL's products in
+# its reproducible mode. Both are read when torch loads, so they are set before the import.
+os.environ["ATEN_CPU_CAPABILITY"] = "default"
+os.environ["MKL_CBWR"] = "COMPATIBLE"
+
+import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
