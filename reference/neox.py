@@ -24,7 +24,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from common import DTYPES, generator
+from common import DTYPES, generator, meta, normal, randomize, run_module_case, save_case
 from gpt import hf_config_dict, hf_lm_loss, lm_case, spread_weights
 
 FILE = "neox.py"
@@ -97,10 +97,54 @@ def _check_patch_is_exact_in_float32(model, ids, mask):
                              f"{(plain - patched).abs().max().item():.3g}")
 
 
+# the attention layer alone: name, seed, GPTNeoXConfig changes (hidden 16, heads of 8)
+ATTENTION_CASES = [
+    ("neox_attention", 110, {"rotary_pct": 0.5, "rotary_emb_base": 100}),
+    ("neox_attention_quarter_nobias", 111, {"rotary_pct": 0.25, "attention_bias": False}),
+]
+
+
+def _attention_case(out_dir, name, seed, changes, dtype):
+    """HF's GPTNeoXAttention with the rotary tables of GPTNeoXRotaryEmbedding and a causal
+    mask, on x (2, 5, 16): its output, the input gradient and the gradients of
+    query_key_value and dense (HF's names, which are numpy_tf's NeoXAttention's)."""
+    from transformers import GPTNeoXConfig
+    from transformers.models.gpt_neox.modeling_gpt_neox import (GPTNeoXAttention,
+                                                                 GPTNeoXRotaryEmbedding)
+
+    hf_config = GPTNeoXConfig(**{**SMALL, **changes})
+    g = generator(seed)
+    module = randomize(GPTNeoXAttention(hf_config, layer_idx=0).to(DTYPES[dtype]), g, dtype,
+                       std=0.5).eval()
+    rotary = GPTNeoXRotaryEmbedding(hf_config)
+
+    def call(attention, x):
+        length = x.shape[1]
+        cos_sin = rotary(x, torch.arange(length)[None])
+        causal = torch.full((length, length), float("-inf"), dtype=x.dtype).triu(1)
+        return attention(x, attention_mask=causal[None, None], position_embeddings=cos_sin)[0]
+
+    inputs = {"x": normal(g, (2, 5, hf_config.hidden_size), dtype)}
+    config = {"hidden_size": hf_config.hidden_size,
+              "num_attention_heads": hf_config.num_attention_heads,
+              "rotary_dim": int(hf_config.hidden_size // hf_config.num_attention_heads
+                                * hf_config.rope_parameters["partial_rotary_factor"]),
+              "rope_theta": hf_config.rope_parameters["rope_theta"],
+              "attention_bias": hf_config.attention_bias}
+    extra = {"conventions": {"float64": FLOAT64_CONVENTION}} if dtype == "float64" else {}
+    with float64_faithful() if dtype == "float64" else contextlib.nullcontext():
+        arrays = run_module_case(module, inputs, g, dtype, call=call)
+    return save_case(out_dir / f"{name}_{dtype}.npz",
+                     meta(FILE, "neox_attention", seed, dtype, config, ["x"], **extra), arrays)
+
+
 def build(out_dir):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     paths = []
+    for dtype in DTYPES:
+        for name, seed, changes in ATTENTION_CASES:
+            paths.append(_attention_case(out_dir, name, seed, changes, dtype))
     for dtype in DTYPES:
         for name, seed, changes, padded in CASES:
             g = generator(seed)

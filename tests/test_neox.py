@@ -57,6 +57,14 @@ def test_agrees_with_hugging_face(name):
     assert_fixture_agrees(name)
 
 
+@pytest.mark.parametrize("name", ["neox_attention", "neox_attention_quarter_nobias"])
+def test_the_attention_layer_agrees_with_hugging_faces(name):
+    """NeoXAttention against HF's GPTNeoXAttention alone (its rotary tables, a causal mask):
+    output, input gradient, query_key_value and dense gradients; full finite differences on
+    the float64 case."""
+    assert_fixture_agrees(name)
+
+
 def test_the_float64_fixtures_are_true_float64():
     """HF computes RoPE's tables and the eager softmax in float32 even in a float64 model;
     the float64 fixtures patch those (their meta says so), and numpy_tf agrees with them far
