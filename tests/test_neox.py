@@ -491,3 +491,21 @@ def test_pythia_160m_total_equals_hf_on_the_meta_device():
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**hf_config))
     assert sum(p.numel() for p in model.parameters()) == 162_322_944
     assert model.config.rope_parameters["partial_rotary_factor"] == 0.25
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("changes", [{}, {"tie_word_embeddings": True},
+                                     {"attention_bias": False, "num_hidden_layers": 3}])
+def test_formula_equals_hf_gpt_neox_row_by_row(changes, tmp_path):
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_accounting import assert_rows_match
+
+    config = transformers.GPTNeoXConfig(**{
+        "vocab_size": 41, "hidden_size": 16, "intermediate_size": 28, "num_hidden_layers": 2,
+        "num_attention_heads": 4, **changes})
+    model = transformers.GPTNeoXForCausalLM(config)
+    assert_rows_match(account(config.to_dict()),
+                      [(n, p.numel()) for n, p in model.named_parameters()])
+    config.to_json_file(tmp_path / "config.json")           # as saved: defaults left out
+    assert account(str(tmp_path / "config.json")).total == model.num_parameters()
