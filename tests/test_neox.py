@@ -371,6 +371,14 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"past_kv must hold one \(k, v\) per layer \(2\), each "
                                          r"of shape \(B, H, P, d\) = \(1, 2, 3, 8\)"):
         model.forward(np.zeros((1, 1), dtype=np.int64), past_kv=cache.present[:1])
+    with pytest.raises(ValueError, match=r"past_kv must hold one \(k, v\) per layer \(2\)"):
+        model.forward(np.zeros((1, 1), dtype=np.int64), past_kv=[])
+    with pytest.raises(ValueError, match=r"each of shape \(B, H, P, d\) = \(1, 2, 3, 8\)"):
+        model.forward(np.zeros((1, 1), dtype=np.int64),
+                      past_kv=[cache.present[0], (cache.present[1][0][:, :1],) * 2])
+    with pytest.raises(ValueError, match=r"\(B, P \+ T\) = \(1, 4\) \(the cached and the new"):
+        model.forward(np.zeros((1, 1), dtype=np.int64), past_kv=cache.present,
+                      key_padding_mask=np.zeros((1, 1), dtype=bool))
     with pytest.raises(TypeError, match="config must be a NeoXConfig"):
         GPTNeoX({"vocab_size": 24})
     with pytest.raises(ValueError, match=r"rotary_dim \(10\) must be at most the head width"):

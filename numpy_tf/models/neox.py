@@ -265,13 +265,14 @@ class GPTNeoX(Module):
         validate.integer_array("ids", ids, ndim=2, shape="(B, T)")
         validate.ids_in_range("ids", ids, self.config.vocab_size)
         batch, length = ids.shape
-        past_length = 0 if past_kv is None else np.shape(past_kv[0][0])[2]
+        past_length = 0
         if past_kv is not None:
+            shapes = [[np.shape(part) for part in pair] for pair in past_kv]
+            first = shapes[0][0] if shapes and shapes[0] else ()
+            past_length = first[2] if len(first) == 4 else 0
             c = self.config
             expected = (batch, c.num_attention_heads, past_length, c.head_width)
-            if len(past_kv) != len(self.layers) or any(
-                    len(pair) != 2 or any(np.shape(part) != expected for part in pair)
-                    for pair in past_kv):
+            if len(shapes) != len(self.layers) or any(pair != [expected] * 2 for pair in shapes):
                 raise ValueError(f"past_kv must hold one (k, v) per layer "
                                  f"({len(self.layers)}), each of shape (B, H, P, d) = "
                                  f"{expected}: the `present` of an earlier call")
