@@ -517,3 +517,51 @@ def test_formula_equals_hf_gpt_neox_row_by_row(changes, tmp_path):
                       [(n, p.numel()) for n, p in model.named_parameters()])
     config.to_json_file(tmp_path / "config.json")           # as saved: defaults left out
     assert account(str(tmp_path / "config.json")).total == model.num_parameters()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("overrides, pad", [({}, 0), ({"use_parallel_residual": False,
+                                                       "rotary_pct": 1.0}, 2)])
+def test_an_exported_case_is_hugging_faces_numbers(overrides, pad):
+    """`numpy-tf export --model neox` against HF's GPTNeoXForCausalLM loaded with the case's
+    weights (float64, HF's float32 islands patched as the fixtures patch them): logits, loss
+    and every gradient, in HF's names and layout."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reference"))
+    from neox import float64_faithful
+    from numpy_tf.checking.export import export_case
+    from numpy_tf.models import registry
+
+    case = export_case("neox", overrides=overrides, seed=4, pad=pad)
+    config = NeoXConfig(**case.meta["config"])
+    hf_config = registry.FAMILIES["neox"].hf_config(config)
+    model = GPTNeoX(config)
+    model.load_state_dict(case.section("param"))
+    for name, parameter in model.named_parameters():
+        parameter.grad[...] = case.arrays[f"grad/{name}"]
+    hf = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**{
+        k: v for k, v in hf_config.items() if k != "model_type"})).double().eval()
+    hf.load_state_dict({k: torch.from_numpy(v) for k, v in
+                        interop.to_hf(model, hf_config).items()})
+    ids = torch.from_numpy(case.arrays["input/ids"])
+    padding = case.arrays.get("input/key_padding_mask")
+    mask = None if padding is None else torch.from_numpy((~padding).astype(np.int64))
+    with float64_faithful():
+        logits = hf(input_ids=ids, attention_mask=mask).logits
+    labels = ids.clone()
+    if mask is not None:
+        labels[mask == 0] = -100
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                             labels[:, 1:].reshape(-1))
+    loss.backward()
+    expected = logits.detach().numpy()
+    assert np.abs(case.arrays["output/logits"] - expected).max() < 1e-13 * np.abs(expected).max()
+    assert abs(float(case.arrays["loss"]) - loss.item()) < 1e-13 * loss.item()
+    grads = interop.to_hf(model, hf_config, grads=True)
+    for name, parameter in hf.named_parameters():
+        want = parameter.grad.numpy()
+        assert np.abs(grads[name] - want).max() <= 1e-13 * np.abs(want).max(), name
