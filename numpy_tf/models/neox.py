@@ -38,7 +38,7 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, ModuleList
-from ..layers.activations import GELU, ReLU
+from ..layers.activations import GELU, GELUCache, ReLU, ReLUCache
 from ..layers.embedding import Embedding, EmbeddingCache, normal_init
 from ..layers.linear import Linear, LinearCache
 from ..layers.neox_attention import NeoXAttention, NeoXAttentionCache
@@ -46,7 +46,7 @@ from ..layers.norm import LayerNorm, LayerNormCache
 from .accounting import count_neox
 from .resize import check_new_size, normal, resize_embedding, resize_head
 
-# HF hidden_act -> (numpy_tf activation, its GELU approximation)
+# HF hidden_act -> its GELU approximation (torch's `approximate`); None: ReLU
 HIDDEN_ACTS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "relu": None}
 
 
@@ -123,7 +123,7 @@ class NeoXConfig:
 
 class NeoXMLPCache(NamedTuple):
     dense_h_to_4h: LinearCache      # of h (B, T, C)
-    act: object                     # the activation's cache, of (B, T, F)
+    act: GELUCache | ReLUCache      # the activation's, of (B, T, F)
     dense_4h_to_h: LinearCache      # of act (B, T, F)
 
 
