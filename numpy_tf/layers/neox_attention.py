@@ -82,8 +82,8 @@ class NeoXAttention(Module):
         qkv, query_key_value = self.query_key_value.forward(x)               # (B, T, 3C)
         qkv = split_heads(qkv, self.num_heads)                               # (B, H, T, 3d)
         q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]          # (B, H, T, d)
-        q, rope_q = partial_rope_forward(q, positions, self.rotary_dim, self.rope_base)
-        k, rope_k = partial_rope_forward(k, positions, self.rotary_dim, self.rope_base)
+        q, rope_q = partial_rope_forward(q, positions, self.rotary_dim, base=self.rope_base)
+        k, rope_k = partial_rope_forward(k, positions, self.rotary_dim, base=self.rope_base)
         if past_kv is not None:
             k = np.concatenate([past_kv[0], k], axis=2)                      # (B, H, P + T, d)
             v = np.concatenate([past_kv[1], v], axis=2)

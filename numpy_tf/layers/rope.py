@@ -188,7 +188,8 @@ def partial_rope_forward(x: np.ndarray, positions: np.ndarray, rotary_dim: int,
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"rotary_dim ({rotary_dim}) must be at most x's head_dim "
                          f"({x.shape[-1]}); got x of shape {x.shape}")
-    rotated, rope = rope_forward(x[..., :rotary_dim], positions, base, interleaved)
+    rotated, rope = rope_forward(x[..., :rotary_dim], positions, base=base,
+                                 interleaved=interleaved)
     out = np.concatenate([rotated, x[..., rotary_dim:]], axis=-1)         # (B, H, T, D)
     return out, PartialRoPECache(rope, rotary_dim)
 
