@@ -313,6 +313,8 @@ def test_pythia_160m_is_counted_without_allocating():
     assert config.num_parameters() == account("pythia-160m").total == 162_322_944
     rows = {row.name: row.total for row in account("pythia-160m").rows}
     assert rows["lm_head"] == rows["gpt_neox.embed_in"] == 50304 * 768
+    assert NeoXConfig.gpt_neox_20b().num_parameters() == account("gpt-neox-20b").total \
+        == 20_554_567_680
 
 
 def test_initialisation_follows_hugging_face():
@@ -491,13 +493,15 @@ def test_readme_example_with_a_live_pythia_shaped_model():
 
 
 @pytest.mark.torch
-def test_pythia_160m_total_equals_hf_on_the_meta_device():
+@pytest.mark.parametrize("name, total", [("pythia-160m", 162_322_944),
+                                         ("gpt-neox-20b", 20_554_567_680)])
+def test_the_presets_totals_equal_hf_on_the_meta_device(name, total):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    hf_config = {k: v for k, v in load_config("pythia-160m").items() if k != "model_type"}
+    hf_config = {k: v for k, v in load_config(name).items() if k != "model_type"}
     with torch.device("meta"):
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**hf_config))
-    assert sum(p.numel() for p in model.parameters()) == 162_322_944
+    assert sum(p.numel() for p in model.parameters()) == total == account(name).total
     assert model.config.rope_parameters["partial_rotary_factor"] == 0.25
 
 

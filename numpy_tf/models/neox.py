@@ -117,6 +117,15 @@ class NeoXConfig:
                     rope_theta=10000.0, max_position_embeddings=2048)
         return cls(**{**base, **changes})
 
+    @classmethod
+    def gpt_neox_20b(cls, **changes) -> "NeoXConfig":
+        """EleutherAI/gpt-neox-20b's shape: 20,554,567,680 parameters (never allocate it in
+        float64: 164 GB)."""
+        base = dict(vocab_size=50432, hidden_size=6144, num_hidden_layers=44,
+                    num_attention_heads=64, intermediate_size=24576, rotary_pct=0.25,
+                    rope_theta=10000.0, max_position_embeddings=2048)
+        return cls(**{**base, **changes})
+
     def to_dict(self) -> dict:
         return asdict(self)
 

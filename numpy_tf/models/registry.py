@@ -13,7 +13,8 @@ families and presets up here, by one set of names:
     seq2seq   Seq2SeqConfig  Seq2Seq      - (torch.nn.Transformer) seq2seq-tiny, seq2seq-digits,
                                                                    transformer-base
     cbow      -              CBOW         -                        -
-    neox      NeoXConfig     GPTNeoX      gpt_neox                 pythia-160m, neox-tiny
+    neox      NeoXConfig     GPTNeoX      gpt_neox                 pythia-160m, gpt-neox-20b,
+                                                                   neox-tiny
 
     preset = find_preset("llama-tiny")                 # or PRESETS["llama-tiny"]
     model = family("llama-tiny").model_class(preset.config)   # a model from a name
@@ -353,6 +354,8 @@ for _preset in [
            "a toy Llama with two key/value heads for four query heads"),
     Preset("pythia-160m", "neox", NeoXConfig.pythia_160m(), "Pythia-160M's shape "
            "(EleutherAI/pythia-160m)", hf=True),
+    Preset("gpt-neox-20b", "neox", NeoXConfig.gpt_neox_20b(), "GPT-NeoX-20B's shape "
+           "(EleutherAI/gpt-neox-20b)", hf=True),
     Preset("neox-tiny", "neox", NeoXConfig(), "a toy GPT-NeoX: parallel residual, a quarter "
            "of each head rotated"),
     Preset("bert-base-uncased", "bert", BertConfig(
