@@ -44,6 +44,8 @@ from .models import (CBOW, GPT, Accounting, Bert, BertConfig, BertEmbeddings, De
                      TransformerEncoder, TransformerEncoderLayer, account, cbow_backward,
                      cbow_forward, count_parameters, nearest, parameter_breakdown,
                      shifted_targets)
+from .layers import NeoXAttention, partial_rope_backward, partial_rope_forward
+from .models import GPTNeoX, NeoXConfig, NeoXLayer
 from .optim import (SGD, Adam, AdamW, Optimizer, adam_update, clip_grad_norm, decay_groups,
                     grads_finite, sgd_update, warmup_cosine)
 from .text import (DEFAULT_SPECIAL_TOKENS, DIGIT_BOS, DIGIT_EOS, DIGIT_PAD, DIGIT_VOCAB_SIZE,

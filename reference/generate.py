@@ -30,6 +30,7 @@ import feedforward  # noqa: E402
 import gpt  # noqa: E402
 import llama  # noqa: E402
 import layers  # noqa: E402
+import neox  # noqa: E402
 import norm  # noqa: E402
 import optim  # noqa: E402
 import positions  # noqa: E402
@@ -37,7 +38,7 @@ import rope  # noqa: E402
 import transformer  # noqa: E402
 
 FAMILIES = [layers, norm, positions, rope, attention, feedforward, optim, gpt, cbow, llama,
-            transformer, bert]
+            transformer, bert, neox]
 
 
 def main(argv=None) -> int:

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 import numpy_tf
-from numpy_tf import (CBOW, GPT, Bert, BertConfig, GPTConfig, Llama, LlamaConfig, Seq2Seq,
-                      Seq2SeqConfig, Transformer, reference_path)
+from numpy_tf import (CBOW, GPT, Bert, BertConfig, GPTConfig, GPTNeoX, Llama, LlamaConfig,
+                      NeoXConfig, Seq2Seq, Seq2SeqConfig, Transformer, reference_path)
 from numpy_tf.core import kernels_enabled
 
 # Measured (logits / worst gradient, float32 then float64): GPT tiny 2 / 4.25, 1 / 4.75;
-# GPT-2 layout 2 / 4, 3 / 3; Llama 1 / 4, 2 / 7.25; BERT 1.5 / 4, 1.5 / 4; Transformer
+# GPT-2 layout 2 / 4, 3 / 3; Llama 1 / 4, 2 / 7.25; GPT-NeoX 3 / 7, 3 / 9; BERT 1.5 / 4, 1.5 / 4; Transformer
 # 2.5 / 6, 3 / 11; Seq2Seq 3.25 / 7, 4 / 9.875; CBOW 0 / 0 (bit for bit) in both dtypes.
 MODEL_ULPS = 32
 
@@ -73,6 +73,16 @@ def _llama(dtype):
     return model, (np.random.default_rng(2).integers(0, 48, (2, 7)),), {}
 
 
+def _neox(dtype):
+    config = NeoXConfig(vocab_size=40, hidden_size=32, num_attention_heads=4,
+                        intermediate_size=48, rotary_pct=0.5)
+    model = GPTNeoX(config, rng=8, dtype=dtype)
+    ids = np.random.default_rng(7).integers(0, 40, (2, 7))
+    padding = np.zeros((2, 7), dtype=bool)
+    padding[1, -2:] = True
+    return model, (ids,), {"key_padding_mask": padding}
+
+
 def _bert(dtype):
     model = Bert(BertConfig(), rng=4, dtype=dtype)
     ids = np.random.default_rng(3).integers(1, 32, (2, 9))
@@ -101,7 +111,8 @@ def _cbow(dtype):
     return model, (np.random.default_rng(6).integers(0, 30, (5, 4)),), {}
 
 
-FAMILIES = {"GPT (tiny)": _gpt, "GPT-2 layout": _gpt2, "Llama (GQA)": _llama, "BERT": _bert,
+FAMILIES = {"GPT (tiny)": _gpt, "GPT-2 layout": _gpt2, "Llama (GQA)": _llama,
+            "GPT-NeoX": _neox, "BERT": _bert,
             "Transformer": _transformer, "Seq2Seq": _seq2seq, "CBOW": _cbow}
 
 

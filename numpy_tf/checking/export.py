@@ -29,7 +29,8 @@ named_parameters order, N(0, s^2) with s = init_std (default 1.2 / sqrt(width), 
 is far from uniform and the case has teeth), norm weights 1 + N(0, 0.2^2); then the ids.
 
 A model is named as everywhere in numpy_tf (numpy_tf.models.registry): a family (gpt, llama,
-bert, seq2seq) or a preset (tiny-gpt, gpt2-tiny, llama-tiny, smollm2-135m, bert-tiny, ...);
+bert, seq2seq, neox) or a preset (tiny-gpt, gpt2-tiny, llama-tiny, smollm2-135m, bert-tiny,
+neox-tiny, ...);
 export's five first names (tiny-gpt, gpt2, llama, transformer, bert) keep their meaning. What a
 family's cases need beyond its registry entry (the inputs, the conventions) is its EXPORTS
 entry, keyed by the family's name.
@@ -49,6 +50,7 @@ from ..models.bert import Bert
 from ..models.encoder_decoder.seq2seq import Seq2Seq
 from ..models.gpt import GPT
 from ..models.llama import Llama
+from ..models.neox import GPTNeoX
 from ..models.objectives import MaskedLMLoss
 from ..text.datasets import mask_tokens, reverse_digits
 from .case_file import Case
@@ -163,6 +165,41 @@ def _llama_conventions(model: Llama) -> dict:
         "tied": "lm_head.weight IS embed_tokens.weight (listed under both names; its gradient "
                 "is the sum of both uses)" if c.tie_word_embeddings else "untied",
         "positions": "RoPE only (no absolute positions)", "gelu": "none (SiLU in the MLP)",
+        "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
+    }
+
+
+def _neox_conventions(model: GPTNeoX) -> dict:
+    c = model.config
+    residual = ("parallel: y = x + attention(input_layernorm(x)) + mlp(post_attention_layernorm"
+                "(x))" if c.use_parallel_residual else "sequential: u = x + attention("
+                "input_layernorm(x)); y = u + mlp(post_attention_layernorm(u))")
+    activation = {"gelu": "exact GELU x Phi(x) (erf)", "relu": "ReLU"}.get(
+        c.hidden_act, "tanh GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))")
+    return {
+        "model": "ids -> embed_in -> layers -> final_layer_norm -> embed_out (Linear, no bias) "
+                 "= logits; names are HF GPTNeoXForCausalLM's without the `gpt_neox.` prefix "
+                 "(HF 5 calls embed_out lm_head)",
+        "block": residual,
+        "attention": f"causal self-attention, {c.num_attention_heads} heads of {c.head_width}: "
+                     "one Linear query_key_value (C -> 3C) whose output is grouped per head, "
+                     "[q_h | k_h | v_h] for head h (HF: view(B, T, H, 3d), chunk(3)); scores "
+                     "q k^T / sqrt(d); query i sees keys j <= i; then the Linear dense",
+        "rope": f"partial: features 0 .. {c.rotary_dim - 1} of each q and k head rotate "
+                f"(rotary_dim = int(d * rotary_pct) = int({c.head_width} * {c.rotary_pct})), "
+                f"the rest pass through; halves layout (pairs (i, i + {c.rotary_dim // 2})), "
+                f"inv_freq_i = {c.rope_theta:g}^(-2i/{c.rotary_dim}), positions 0 .. T-1, "
+                "angles in the working dtype (HF computes them in float32)",
+        "layernorm": f"over the last axis, biased variance, eps = {c.layer_norm_eps} inside the "
+                     "square root, weight and bias",
+        "mlp": f"dense_h_to_4h (C -> {c.intermediate_size}, bias), act, dense_4h_to_h (bias)",
+        "gelu": activation if c.hidden_act != "relu" else "none (ReLU)",
+        "key_padding_mask": "(B, T) bool, True = padding: blocked as a key",
+        "biases": f"query_key_value and dense {c.attention_bias}, mlp True, LayerNorms True, "
+                  "embed_out none",
+        "tied": "embed_out.weight IS embed_in.weight (listed under both names; its gradient "
+                "is the sum of both uses)" if c.tie_word_embeddings else "untied",
+        "positions": "RoPE only (no absolute positions)",
         "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
     }
 
@@ -285,6 +322,8 @@ EXPORTS: dict[str, ModelExport] = {
     "seq2seq": ModelExport(default="seq2seq-tiny", inputs=_digit_inputs,
                            conventions=_seq2seq_conventions, loss=TARGET_LOSS,
                            width=lambda model: model.config.d_model),
+    "neox": ModelExport(default="neox-tiny", inputs=_lm_inputs, conventions=_neox_conventions,
+                        loss=NEXT_TOKEN_LOSS, width=lambda model: model.config.hidden_size),
 }
 
 # `export --model` took these five names before the registry; each keeps its meaning. Two are

@@ -27,6 +27,7 @@ from ..layers.embedding import Embedding
 from ..layers.linear import Linear
 from ..layers.mlp import SwiGLU, feedforward
 from ..layers.multihead import MultiHeadAttention
+from ..layers.neox_attention import NeoXAttention
 from ..layers.norm import LayerNorm, RMSNorm
 from ..layers.positions import LearnedPositions, SinusoidalPositions
 from ..layers.rope import RotaryEmbedding
@@ -55,6 +56,9 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
     "sdpa": lambda c, dtype: ScaledDotProductAttention(c["is_causal"], dtype=dtype),
     "multihead_attention": lambda c, dtype: torch_equivalent("multihead_attention", c, dtype),
     "transformer": lambda c, dtype: torch_equivalent("transformer", c, dtype),
+    "neox_attention": lambda c, dtype: NeoXAttention(
+        c["hidden_size"], c["num_attention_heads"], c["rotary_dim"], c["rope_theta"],
+        c["attention_bias"], dtype=dtype),
     "gqa_attention": lambda c, dtype: MultiHeadAttention(
         c["width"], c["num_heads"], c["num_kv_heads"], bias=c["bias"], dtype=dtype),
     "layernorm": lambda c, dtype: LayerNorm(c["normalized_shape"], c["eps"],
@@ -183,7 +187,8 @@ def _seq2seq_inputs(case: Case):
 
 # registry family name -> case -> (positional, keyword) inputs of the family's objective
 MODEL_INPUTS: dict[str, Callable[[Case], tuple[tuple, dict]]] = {
-    "gpt": _lm_inputs, "llama": _lm_inputs, "bert": _lm_inputs, "seq2seq": _seq2seq_inputs}
+    "gpt": _lm_inputs, "llama": _lm_inputs, "bert": _lm_inputs, "seq2seq": _seq2seq_inputs,
+    "neox": _lm_inputs}
 
 
 def model_case_family(kind: str):

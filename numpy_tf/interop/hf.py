@@ -1,17 +1,19 @@
 """Exact converters between numpy_tf models and Hugging Face checkpoints.
 
     model = interop.from_hf(config, state_dict, dtype=np.float64)
-        config: a Hugging Face config as a dict (config.to_dict()) of model_type gpt2, llama or
-        bert (BertForMaskedLM); state_dict: {HF key: numpy array} in HF layout (GPT-2's Conv1D
-        weights are (in, out); BERT's query, key and value join into one in_proj_weight)
+        config: a Hugging Face config as a dict (config.to_dict()) of model_type gpt2, llama,
+        bert (BertForMaskedLM) or gpt_neox; state_dict: {HF key: numpy array} in HF layout
+        (GPT-2's Conv1D weights are (in, out); BERT's query, key and value join into one
+        in_proj_weight)
     params = interop.to_hf(model, config)              # the loaded state_dict, bit for bit
     grads = interop.to_hf(model, config, grads=True)   # {HF key: gradient in HF layout}
 
 Each layout is a table of (numpy_tf name, other name, transposed?) rows (interop/layout.py; the
-BERT tables are in interop/hf_bert.py); loading checks every key, shape and config option first
-and names each problem. Options we do not implement are refused, never guessed. HF_FAMILIES
-holds each family's config reader and layout under its numpy_tf.models.registry name; the
-registry says which model_type values a family reads and which class builds it.
+BERT tables are in interop/hf_bert.py, GPT-NeoX's in interop/hf_neox.py); loading checks every
+key, shape and config option first and names each problem. Options we do not implement are
+refused, never guessed. HF_FAMILIES holds each family's config reader and layout under its
+numpy_tf.models.registry name; the registry says which model_type values a family reads and
+which class builds it.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ..models import registry
 from ..models.gpt import GPTConfig
 from ..models.llama import LlamaConfig
 from .hf_bert import bert_buffer, bert_config, bert_layout
+from .hf_neox import neox_buffer, neox_config, neox_layout, neox_ties
 from .layout import Layout
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -181,7 +184,9 @@ def from_hf(config: Mapping, state_dict: Mapping[str, np.ndarray], dtype=np.floa
     model = family.build(config, dtype)
     layout = family.layout(config)
     ties = family.ties(config)
-    their_name = {ours: their for ours, their, _ in layout.rows}
+    their_name: dict = {}
+    for ours, their, _ in layout.rows:                  # a name's first row names it
+        their_name.setdefault(ours, their)
     converted = layout.to_ours(state_dict, model.state_dict(), dtype,
                                optional={their_name[alias] for alias, _ in ties},
                                ignored=family.ignored)
@@ -232,4 +237,6 @@ HF_FAMILIES = {family.name: family for family in [
         ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
         if config.get("tie_word_embeddings", False) else [],
         ignored=_llama_buffer),
+    HFFamily("neox", config=neox_config, layout=lambda config: neox_layout(neox_config(config)),
+             ties=neox_ties, ignored=neox_buffer),
 ]}

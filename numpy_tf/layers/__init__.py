@@ -15,6 +15,7 @@ from .flash_attention import (FlashAttentionCache, flash_attention_backward,
 from .linear import Linear, linear_backward, linear_forward
 from .mlp import SwiGLU, feedforward, swiglu_backward, swiglu_forward
 from .multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttention
+from .neox_attention import NeoXAttention
 from .norm import (LayerNorm, RMSNorm, layernorm_backward, layernorm_forward, rmsnorm_backward,
                    rmsnorm_forward)
 from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequencies,
@@ -22,5 +23,6 @@ from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequenci
                         sinusoidal_positions_backward, sinusoidal_positions_forward,
                         sinusoidal_table)
 from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_rotate, rope_tables
+from .rope import partial_rope_backward, partial_rope_forward
 from .softmax import (LogSoftmax, Softmax, log_softmax_backward, log_softmax_forward,
                       softmax_backward, softmax_forward)

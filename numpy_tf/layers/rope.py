@@ -168,3 +168,44 @@ class RotaryEmbedding(Module):
 
     def backward(self, dout, cache):
         return rope_backward(dout, cache)
+
+
+# -- partial rotary: only the first rotary_dim features of each head rotate (GPT-NeoX, Pythia) --
+class PartialRoPECache(NamedTuple):
+    rope: RoPECache         # the rotation of the first rotary_dim features
+    rotary_dim: int         # R: features 0 .. R-1 rotate, R .. D-1 pass through
+
+
+def partial_rope_forward(x: np.ndarray, positions: np.ndarray, rotary_dim: int,
+                         base: float = 10000.0, interleaved: bool = False):
+    """Rotate the first `rotary_dim` = R features of each head of x (B, H, T, D), as RoPE over
+    a head of width R (so omega_i = base^(-2i / R)), and pass features R .. D-1 through
+    unchanged: HF GPT-NeoX's `rotary_pct` / `partial_rotary_factor` (R = int(D * factor)), in
+    either layout (GPT-NeoX: halves, pairs (i, i + R/2)). R = D is rope_forward. Returns
+    (out (B, H, T, D), PartialRoPECache)."""
+    validate.float_array("x", x, ndim=4, shape="(B, H, T, head_dim)")
+    rotary_dim = validate.even_positive_int("rotary_dim", rotary_dim, EVEN_HEAD_DIM)
+    if rotary_dim > x.shape[-1]:
+        raise ValueError(f"rotary_dim ({rotary_dim}) must be at most x's head_dim "
+                         f"({x.shape[-1]}); got x of shape {x.shape}")
+    rotated, rope = rope_forward(x[..., :rotary_dim], positions, base=base,
+                                 interleaved=interleaved)
+    out = np.concatenate([rotated, x[..., rotary_dim:]], axis=-1)         # (B, H, T, D)
+    return out, PartialRoPECache(rope, rotary_dim)
+
+
+def partial_rope_backward(dout: np.ndarray, cache: PartialRoPECache) -> np.ndarray:
+    """Split x = [x_r, x_p] with x_r = x[..., :R] and x_p = x[..., R:]. The forward is
+
+        out = [rope(x_r), x_p],
+
+    so its Jacobian is block diagonal: the rotation R(theta) on the first R features and the
+    identity on the rest. The gradient is the transpose applied to dout = [dout_r, dout_p]:
+
+        dx_r = R(theta)^T dout_r = rope_backward(dout_r)   (the inverse rotation)
+        dx_p = dout_p                                      (passed through unchanged).
+
+    Cached: the rotation's cos and sin, and R. Integer positions get no gradient. Returns dx."""
+    rope, rotary_dim = cache
+    drotated = rope_backward(dout[..., :rotary_dim], rope)                 # (B, H, T, R)
+    return np.concatenate([drotated, dout[..., rotary_dim:]], axis=-1)    # (B, H, T, D)

@@ -20,6 +20,9 @@ L blocks; Llama adds H query heads, KV key/value heads, hd head width, I the Swi
       HF llama)               o H hd d (biases H hd + 2 KV hd + d with attention_bias), RMSNorm d,
                               gate/up/down 3 d I (+2I + d with mlp_bias); final norm d;
                               lm_head V d unless tied
+    GPT-NeoX (NeoXConfig,     embed_in V d; per layer: two LayerNorms 2d each, query_key_value
+      HF gpt_neox)            3d^2 and dense d^2 (+3d + d with attention_bias), mlp 2 d F + F + d;
+                              final_layer_norm 2d; embed_out (HF 5: lm_head) V d unless tied
     BERT (BertConfig,         word V d, positions P d, token types T d, LayerNorm 2d; per layer:
       HF bert)                qkv 3(d^2 + d), output d^2 + d, LayerNorm 2d, intermediate d I + I,
                               output I d + d, LayerNorm 2d; then by architecture (below)
@@ -343,6 +346,53 @@ def llama_hf_config(config) -> dict:
              "pad_token_id", "initializer_range")
     return {"model_type": "llama", **{name: getattr(config, name) for name in names},
             "num_key_value_heads": config.kv_heads, "head_dim": config.head_width}
+
+
+# -- GPT-NeoX: one formula, under numpy_tf's names or HF's (`gpt_neox.`, the head lm_head) -----
+def _neox(model, prefix, head, vocab, d, inner, layers, tied, attention_bias) -> Accounting:
+    rows = (
+        Row(f"{prefix}embed_in", "V·d", vocab * d),
+        Row(f"{prefix}layers.N.input_layernorm", "2d", 2 * d, layers),
+        Row(f"{prefix}layers.N.post_attention_layernorm", "2d", 2 * d, layers),
+        Row(f"{prefix}layers.N.attention", "4d²" + _plus(attention_bias, "4d"),
+            4 * d * d + (4 * d if attention_bias else 0), layers),
+        Row(f"{prefix}layers.N.mlp", "2·d·F + F + d", 2 * d * inner + inner + d, layers),
+        Row(f"{prefix}final_layer_norm", "2d", 2 * d),
+        Row(head, "tied: 0" if tied else "V·d", 0 if tied else vocab * d))
+    return Accounting("neox", model, rows, tied, d, layers, vocab)
+
+
+def count_neox(config) -> Accounting:
+    """A numpy_tf NeoXConfig (it validates itself), numpy_tf's names; NeoXConfig's
+    num_parameters is this count's total."""
+    return _neox("numpy_tf GPTNeoX", "", "embed_out", config.vocab_size, config.hidden_size,
+                 config.intermediate_size, config.num_hidden_layers,
+                 config.tie_word_embeddings, config.attention_bias)
+
+
+def count_neox_hf(config: dict) -> Accounting:
+    """An HF gpt_neox config.json, GPTNeoXForCausalLM's names (transformers 5 calls the head
+    lm_head; checkpoints call it embed_out)."""
+    keys = _Keys(config, "gpt_neox config")
+    d, heads = keys.int("hidden_size"), keys.int("num_attention_heads")
+    if d % heads:
+        raise ValueError(f"gpt_neox config hidden_size ({d}) must be divisible by "
+                         f"num_attention_heads ({heads})")
+    return _neox("GPTNeoXForCausalLM", "gpt_neox.", "lm_head", keys.int("vocab_size"), d,
+                 keys.int("intermediate_size"), keys.int("num_hidden_layers"),
+                 keys.flag("tie_word_embeddings", False), keys.flag("attention_bias", True))
+
+
+def neox_hf_config(config) -> dict:
+    """The HF gpt_neox config.json of a NeoXConfig, as transformers 5 writes it (rotary_pct
+    and the base in rope_parameters); interop.neox_config reads it back."""
+    names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "intermediate_size", "hidden_act", "layer_norm_eps", "use_parallel_residual",
+             "tie_word_embeddings", "attention_bias", "attention_dropout",
+             "max_position_embeddings", "initializer_range")
+    return {"model_type": "gpt_neox", **{name: getattr(config, name) for name in names},
+            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
+                                "partial_rotary_factor": config.rotary_pct}}
 
 
 # -- BERT: counted as HF's BertForMaskedLM (numpy_tf's Bert holds exactly its parameters) ------

@@ -13,6 +13,8 @@ families and presets up here, by one set of names:
     seq2seq   Seq2SeqConfig  Seq2Seq      - (torch.nn.Transformer) seq2seq-tiny, seq2seq-digits,
                                                                    transformer-base
     cbow      -              CBOW         -                        -
+    neox      NeoXConfig     GPTNeoX      gpt_neox                 pythia-160m, gpt-neox-20b,
+                                                                   neox-tiny
 
     preset = find_preset("llama-tiny")                 # or PRESETS["llama-tiny"]
     model = family("llama-tiny").model_class(preset.config)   # a model from a name
@@ -63,13 +65,15 @@ from typing import Any, Callable, Mapping
 from ..text.tokenizers import ByteTokenizer
 from .accounting import (TORCH_TRANSFORMER, bert_hf_config, count_bert, count_bert_hf,
                          count_gpt, count_gpt2_hf, count_llama, count_llama_hf,
-                         count_seq2seq, count_torch_transformer, gpt2_hf_config,
-                         llama_hf_config, torch_transformer_config)
+                         count_neox, count_neox_hf, count_seq2seq, count_torch_transformer,
+                         gpt2_hf_config, llama_hf_config, neox_hf_config,
+                         torch_transformer_config)
 from .bert import Bert, BertConfig
 from .cbow import CBOW
 from .encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
 from .gpt import GPT, GPTConfig
 from .llama import Llama, LlamaConfig
+from .neox import GPTNeoX, NeoXConfig
 from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss
 
 
@@ -326,6 +330,10 @@ register_family(Family(
     torch_modules=(TORCH_TRANSFORMER,), count_torch=count_torch_transformer,
     torch_config=torch_transformer_config))
 register_family(Family("cbow", "CBOW word vectors (word2vec's continuous bag of words)", CBOW))
+register_family(Family(
+    "neox", "GPT-NeoX / Pythia: partial RoPE, per-head fused qkv, parallel residual", GPTNeoX,
+    NeoXConfig, NextTokenLoss, aliases=("gpt-neox", "pythia"), hf_model_types=("gpt_neox",),
+    count=count_neox, count_hf=count_neox_hf, hf_config=neox_hf_config))
 
 for _preset in [
     Preset("gpt2", "gpt", GPTConfig.gpt2(), "GPT-2 124M (Hugging Face gpt2)",
@@ -344,6 +352,12 @@ for _preset in [
            "(meta-llama/Llama-2-7b-hf)", hf=True),
     Preset("llama-tiny", "llama", LlamaConfig(num_key_value_heads=2),
            "a toy Llama with two key/value heads for four query heads"),
+    Preset("pythia-160m", "neox", NeoXConfig.pythia_160m(), "Pythia-160M's shape "
+           "(EleutherAI/pythia-160m)", hf=True),
+    Preset("gpt-neox-20b", "neox", NeoXConfig.gpt_neox_20b(), "GPT-NeoX-20B's shape "
+           "(EleutherAI/gpt-neox-20b)", hf=True),
+    Preset("neox-tiny", "neox", NeoXConfig(), "a toy GPT-NeoX: parallel residual, a quarter "
+           "of each head rotated"),
     Preset("bert-base-uncased", "bert", BertConfig(
         vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
         intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2),

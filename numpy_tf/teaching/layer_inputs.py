@@ -100,6 +100,13 @@ def rope(g, shape, dtype, interleaved=False, per_batch=False, offset=0):
             "interleaved": interleaved}
 
 
+def partial_rope(g, shape, dtype, rotary_dim=None, interleaved=False, per_batch=False):
+    """RoPE's inputs and rotary_dim (default: an even half of D, at least 2)."""
+    inputs = rope(g, shape, dtype, interleaved, per_batch)
+    inputs["rotary_dim"] = max(2, shape[-1] // 4 * 2) if rotary_dim is None else rotary_dim
+    return inputs
+
+
 def swiglu(g, shape, dtype, hidden=6, bias=False):
     width = shape[-1]
     inputs = {"x": normal(g, shape, dtype), "gate_weight": normal(g, (hidden, width), dtype),

@@ -219,6 +219,16 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "p base^(-2i/D): a' = a cos(theta) - b sin(theta),\n"
               "b' = a sin(theta) + b cos(theta);\n"
               "pairs are (x_2i, x_2i+1) if interleaved, else (x_i, x_i+D/2). Return dx."),
+    LayerSpec("partial_rope", rope, rope.PartialRoPECache, ("x",), draw.partial_rope,
+              "x (B, H, T, D)",
+              (_case("a quarter of D = 8 (Pythia)", (2, 2, 3, 8), rotary_dim=2),
+               _case("half, per-sequence positions", (2, 1, 3, 8), rotary_dim=4,
+                     per_batch=True),
+               _case("all of D: RoPE itself", (1, 2, 3, 4), rotary_dim=4),
+               _case("interleaved pairs", (1, 2, 3, 8), rotary_dim=4, interleaved=True)),
+              "The first R = rotary_dim features of x are rotated as RoPE over a head of\n"
+              "width R (theta = p base^(-2i/R) for pair i); features R .. D-1 pass through\n"
+              "unchanged. Return dx."),
     LayerSpec("swiglu_gate", mlp, mlp.GateCache, ("gate", "up"), draw.gate,
               "gate (..., F)",
               (_case("(2, 3, 4)", (2, 3, 4)), _case("large gate values", (3, 4), scale=20.0),
