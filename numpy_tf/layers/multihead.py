@@ -119,6 +119,8 @@ class HeadAttention(Module):
     def project_kv(self, memory: np.ndarray):
         """Key and value heads (B, G, Tk, d) of a memory, computed once for cross-attention
         decoding (pass them as static_kv)."""
+        validate.float_array("memory", memory, ndim=3, shape="(B, Tk, C)")
+        validate.last_dim("memory", memory, self.output_layer.out_features, "the model width C")
         _, k, v, _ = self._project(memory[:, :1], memory, memory)
         return KVCache(split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads))
 
