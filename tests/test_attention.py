@@ -194,3 +194,31 @@ def test_bad_input():
         attention_forward(q, k[..., :3], v)
     with pytest.raises(ValueError, match=r"q must have 4 dimensions \(B, H, Tq, d\)"):
         attention_forward(q[0], k, v)
+
+
+@pytest.mark.parametrize("scale", [0.37, 2.5, -0.8])
+def test_gradcheck_an_explicit_scale(scale):
+    """The backward must use the scale the forward used (cache.scale), not 1/sqrt(d): each
+    scale here differs from 1/sqrt(4) = 0.5, with grouped-query heads and a causal offset."""
+    rng = np.random.default_rng(31)
+    q, k, v = _qkv(rng, batch=2, heads=4, groups=2, tq=3, tk=5, d=4, dv=3)
+    report = gradcheck(attention_forward, attention_backward,
+                       {"q": q, "k": k, "v": v, "is_causal": True, "causal_offset": 2,
+                        "scale": scale}, wrt=["q", "k", "v"], seed=32)
+    assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("scale", [0.37, 2.5])
+def test_the_kernel_backward_uses_an_explicit_scale(scale):
+    """ScaledDotProductAttention runs kernels.attention's backward on the fields of the cache,
+    the scale among them: equal to the reference's (to rounding) for a scale that is not
+    1/sqrt(d)."""
+    from numpy_tf.kernels.attention import attention_backward_into
+    rng = np.random.default_rng(33)
+    q, k, v = _qkv(rng, batch=2, heads=4, groups=2, tq=3, tk=5, d=4, dv=3)
+    _, cache = attention_forward(q, k, v, key_padding_mask=rng.random((2, 5)) < 0.3,
+                                 scale=scale)
+    dout = rng.standard_normal((2, 4, 3, 3))
+    for ours, reference in zip(attention_backward_into(dout, *cache),
+                               attention_backward(dout, cache)):
+        np.testing.assert_allclose(ours, reference, rtol=1e-12, atol=1e-13)

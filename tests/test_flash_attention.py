@@ -289,3 +289,17 @@ def test_infinite_statistics_compare_equal_and_only_equal(tmp_path):
     assert result.first_divergence.comparison.key == "act/tiles.row_max"
     assert [row.comparison.key for row in result.rows if not row.comparison.passed] == \
         ["act/tiles.row_max"]
+
+
+@pytest.mark.parametrize("scale", [0.37, 2.5])
+def test_gradcheck_an_explicit_scale(scale):
+    """The tiled backward recomputes the scores with cache.scale: a scale that is not
+    1/sqrt(d), grouped-query heads, a causal offset, tiles smaller than the sequence."""
+    rng = np.random.default_rng(41)
+    q = rng.standard_normal((2, 4, 3, 4))
+    k, v = rng.standard_normal((2, 2, 5, 4)), rng.standard_normal((2, 2, 5, 3))
+    report = gradcheck(flash_attention_forward, flash_attention_backward,
+                       {"q": q, "k": k, "v": v, "is_causal": True, "causal_offset": 2,
+                        "scale": scale, "block_q": 2, "block_k": 2}, wrt=["q", "k", "v"],
+                       seed=42)
+    assert report.passed, str(report)

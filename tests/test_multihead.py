@@ -177,3 +177,35 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"a 3-D attn_mask must have shape \(B \* num_heads"):
         TorchMultiheadAttention(8, 2).forward(*[_x(0, 1, 2, 8)] * 3,
                                               attn_mask=np.zeros((3, 2, 2), dtype=bool))
+
+
+KV_CACHED_LAYERS = {
+    "grouped-query heads with RoPE": lambda: MultiHeadAttention(8, 4, 2, bias=True, rope=True,
+                                                                rng=20),
+    "fused qkv": lambda: FusedAttention(8, 2, bias=True, rng=21),
+    "torch layout": lambda: TorchMultiheadAttention(8, 2, rng=22),
+}
+
+
+@pytest.mark.parametrize("tier", ["kernels", "reference"])
+@pytest.mark.parametrize("name", list(KV_CACHED_LAYERS))
+def test_gradcheck_through_a_kv_cached_forward(name, tier):
+    """The backward of a forward that continued a KV cache (past_kv, P = 3 positions held, 2
+    new): the gradients reach only the new keys and values, the LAST 2 of the 5 the attention
+    saw (a backward that takes the first 2, or shifts RoPE's positions, fails here), through
+    the kernel's attention backward and the reference's."""
+    from numpy_tf import reference_path
+    layer = KV_CACHED_LAYERS[name]()
+    torch_layout = isinstance(layer, TorchMultiheadAttention)
+    prompt, new = _x(23, 2, 3, 8), _x(24, 2, 2, 8)
+    past = layer.forward(*([prompt] * (3 if torch_layout else 1)), is_causal=True)[1].present
+    padding = np.zeros((2, 5), dtype=bool)
+    padding[1, 0] = True                                    # a padded position in the cache
+    kwargs = {"is_causal": True, "past_kv": past, "key_padding_mask": padding}
+    inputs = [new, _x(25, 2, 2, 8), _x(26, 2, 2, 8)] if torch_layout else [new]
+    if tier == "reference":
+        with reference_path():
+            report = gradcheck_module(layer, *inputs, seed=27, forward_kwargs=kwargs)
+    else:
+        report = gradcheck_module(layer, *inputs, seed=27, forward_kwargs=kwargs)
+    assert report.passed, str(report)

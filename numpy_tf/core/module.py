@@ -345,6 +345,8 @@ class Sequential(ModuleList):
         return x, SequentialCache(caches)
 
     def backward(self, dout: np.ndarray, cache: SequentialCache):
+        from .validate import cache_kind        # validate imports this module
+        cache_kind(cache, SequentialCache)
         for module, module_cache in zip(reversed(list(self)), reversed(cache.caches)):
             dout = module.backward(dout, module_cache)
         return dout

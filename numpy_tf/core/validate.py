@@ -236,3 +236,89 @@ def over_defaults(name: str, given, defaults) -> dict:
         raise ValueError(f"{name} has no supported argument {', '.join(map(repr, unknown))}; "
                          f"numpy_tf reads {', '.join(defaults)}")
     return {**defaults, **given}
+
+
+def kind_of(value) -> str:
+    """How a message names what it got: a NamedTuple by its class, a plain tuple by its length."""
+    if isinstance(value, tuple) and type(value) is not tuple:
+        return f"a {type(value).__name__}"
+    if isinstance(value, tuple):
+        return f"a plain tuple of {len(value)} items"
+    return f"a {type(value).__name__}"
+
+
+def gradient(name: str, value, shape: tuple, dtype: np.dtype, layer: str = "the forward"):
+    """An upstream gradient (`dout`): a real float ndarray of exactly `shape` and `dtype`, those
+    of `layer`'s output. Another dtype is refused, not cast (a float64 dout would turn a float32
+    layer's gradients into float64); so is a complex one, and one of the right size whose axes
+    are in another order. A 0-d output (a loss) also takes a Python or NumPy real number."""
+    if type(value) is np.ndarray and value.dtype == dtype and value.shape == shape:
+        return value
+    if shape == () and isinstance(value, (int, float, np.integer, np.floating)) \
+            and not isinstance(value, (bool, np.bool_)):
+        return value
+    output = f"{layer}'s output"
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array of the shape {shape} and dtype "
+                        f"{np.dtype(dtype)} of {output}; got {type(value).__name__}")
+    if value.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a real float array of the dtype of {output} "
+                        f"{np.dtype(dtype)}; got dtype {value.dtype}")
+    if value.shape != shape:
+        raise ValueError(f"{name} must have the shape of {output} {shape}; got {value.shape}")
+    if value.dtype != dtype:
+        raise TypeError(f"{name} must have the dtype of {output} {np.dtype(dtype)}; got "
+                        f"{value.dtype} (numpy_tf never casts a gradient: convert it)")
+    return value
+
+
+def cache_kind(cache, kind: type) -> None:
+    """`cache` is a `kind`: the NamedTuple the matching forward returned (or a subclass)."""
+    if not isinstance(cache, kind):
+        raise TypeError(f"cache must be the {kind.__name__} its forward returned; got "
+                        f"{kind_of(cache)}")
+
+
+def backward_inputs(dout, cache, kind: type, name: str = "dout"):
+    """The check that opens every backward: `cache` is a `kind` (the NamedTuple the matching
+    forward returned, or a subclass of it), and `dout` is what `gradient` accepts for that
+    forward's output, whose (shape, dtype) the cache gives as `cache.output_spec`. In the
+    usual case that is one isinstance and three comparisons. Messages name the layer by its
+    cache (GELUCache: "GELU's output")."""
+    cache_kind(cache, kind)
+    shape, dtype = cache.output_spec
+    if type(dout) is np.ndarray and dout.dtype == dtype and dout.shape == shape:
+        return dout
+    return gradient(name, dout, shape, dtype, kind.__name__.removesuffix("Cache"))
+
+
+def _shape_and_dtype(array) -> tuple | None:
+    return None if array is None else (tuple(array.shape), np.dtype(array.dtype))
+
+
+def cache_fits(what: str, made, own) -> None:
+    """A layer's backward given a cache that a layer of another size or dtype made: `made` is
+    the parameter as the cache saw it, `own` this layer's (arrays, compared by shape and dtype;
+    None for an absent parameter; or plain values such as a bias flag)."""
+    if made is own:
+        return
+    made, own = (_shape_and_dtype(a) if isinstance(a, np.ndarray) else a for a in (made, own))
+    if made != own:
+        def describe(spec):
+            if spec is None:
+                return "absent"
+            return f"{spec[0]} {spec[1]}" if isinstance(spec, tuple) else repr(spec)
+        raise ValueError(f"cache was made by a layer whose {what} is {describe(made)}; this "
+                         f"layer's {what} is {describe(own)} (pass the cache this layer's "
+                         "forward returned)")
+
+
+def finite_number(name: str, value) -> float:
+    """A finite real number (any sign), returned as a Python float (so that it never upcasts a
+    float32 array)."""
+    if isinstance(value, (bool, np.bool_)) or \
+            not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a finite real number; got {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be a finite real number; got {value!r}")
+    return float(value)

@@ -31,12 +31,17 @@ GELU_APPROXIMATIONS = ("none", "tanh")
 # -- ReLU -------------------------------------------------------------------------------------
 class ReLUCache(NamedTuple):
     positive: np.ndarray    # (...) bool, x > 0
+    dtype: np.dtype         # x's, the output's
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.positive.shape, self.dtype
 
 
 def relu_forward(x: np.ndarray):
     """max(x, 0), elementwise."""
     validate.float_array("x", x)
-    return np.maximum(x, 0.0), ReLUCache(x > 0)
+    return np.maximum(x, 0.0), ReLUCache(x > 0, x.dtype)
 
 
 def relu_backward(dout: np.ndarray, cache: ReLUCache) -> np.ndarray:
@@ -44,6 +49,7 @@ def relu_backward(dout: np.ndarray, cache: ReLUCache) -> np.ndarray:
 
         dx = dout * [x > 0]
     """
+    validate.backward_inputs(dout, cache, ReLUCache)
     return dout * cache.positive
 
 
@@ -55,6 +61,10 @@ class GELUCache(NamedTuple):
                                 # exact GELU it holds Phi(x) = y / x, the forward's expensive
                                 # part, so backward needs no second erf.
     approximate: str
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.out.shape, self.out.dtype
 
 
 class GELUKernelCache(GELUCache):
@@ -97,10 +107,8 @@ def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
     dy/dx). Cached: x and y (which the next layer keeps anyway); no separate Phi(x) or t,
     which would cost an array the size of x.
     """
+    validate.backward_inputs(dout, cache, GELUCache)
     x, out, approximate = cache
-    if np.shape(dout) != x.shape:
-        raise ValueError(f"dout must have the shape of GELU's output {x.shape}; got "
-                         f"{np.shape(dout)}")
     if approximate == "none":
         with np.errstate(invalid="ignore"):                          # 0 / 0 where x = 0
             cdf = np.where(x == 0, 0.5, out / x)                     # Phi(x)
@@ -117,6 +125,10 @@ def gelu_backward(dout: np.ndarray, cache: GELUCache) -> np.ndarray:
 class SiLUCache(NamedTuple):
     x: np.ndarray           # (...)
     sigmoid: np.ndarray     # (...) sigma(x)
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.x.shape, self.x.dtype
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -136,6 +148,7 @@ def silu_backward(dout: np.ndarray, cache: SiLUCache) -> np.ndarray:
     """y = x s with s = sigma(x) and ds/dx = s (1 - s), so
         dy/dx = s + x s (1 - s) = s (1 + x (1 - s)).
     """
+    validate.backward_inputs(dout, cache, SiLUCache)
     x, s = cache
     slope = ((1.0 - s) * x + 1.0) * s                                # dy/dx
     return slope * dout
@@ -170,6 +183,7 @@ class GELU(Module):
 
     def backward(self, dout, cache):
         if type(cache) is GELUKernelCache:
+            validate.backward_inputs(dout, cache, GELUCache)
             return gelu_backward_blocks(dout, cache.x, cache.out, cache.approximate)
         return gelu_backward(dout, cache)
 

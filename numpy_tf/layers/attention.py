@@ -48,6 +48,10 @@ class AttentionCache(NamedTuple):
     dropout: np.ndarray | None  # (B, H, Tq, Tk) dropout mask (0 or 1/(1-p)) applied to P
     scale: float                # 1 / sqrt(d) unless given
 
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return (*self.probs.shape[:3], self.v.shape[3]), self.q.dtype
+
 
 class AttentionKernelCache(AttentionCache):
     """An AttentionCache whose backward is the kernel's (numpy_tf.kernels.attention): the same
@@ -107,9 +111,10 @@ def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_m
                             f"the query dtype {dtype}; got dtype {key_padding_mask.dtype}")
         padding = key_padding_mask[:, None, None, :]                     # (B, 1, 1, Tk)
         (blocked if padding.dtype == bool else bias).append(padding)
+    causal_offset = validate.integer("causal_offset", causal_offset)
+    if causal_offset < 0:
+        raise ValueError(f"causal_offset must be >= 0; got {causal_offset}")
     if is_causal:
-        if causal_offset < 0:
-            raise ValueError(f"causal_offset must be >= 0; got {causal_offset}")
         blocked.append(_shared_causal_mask(tq, tk, causal_offset))
     combined_blocked = None
     for mask in blocked:
@@ -123,7 +128,9 @@ def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_m
 def masked_softmax(scores: np.ndarray) -> np.ndarray:
     """softmax over the last axis of scores holding -inf where blocked, in place; a row with
     every entry -inf becomes all zeros (its max is -inf: shift by 0 instead, every exp is 0,
-    and the zero sum is divided by 1)."""
+    and the zero sum is divided by 1). With no keys at all (Tk = 0) there is nothing to do."""
+    if scores.shape[-1] == 0:
+        return scores
     row_max = np.maximum.reduce(scores, axis=-1, keepdims=True)
     finite = np.isfinite(row_max)
     if not finite.all():                        # only fully blocked rows (or NaN input)
@@ -170,6 +177,15 @@ def check_qkv(q, k, v) -> None:
 
 
 
+def attention_scale(scale, q: np.ndarray) -> float:
+    """The scale s of the scores: 1 / sqrt(d) for None, else a finite real number (any sign and
+    0 are allowed, as torch's scaled_dot_product_attention allows them; NaN and infinities are
+    refused), as a Python float so that float32 stays float32."""
+    if scale is None:
+        return 1.0 / math.sqrt(q.shape[3])
+    return validate.finite_number("scale", scale)
+
+
 def _check_attention_inputs(q, k, v, dropout_p, rng) -> float:
     """check_qkv, and a Generator when something is dropped. Returns dropout_p as a float."""
     check_qkv(q, k, v)
@@ -184,11 +200,12 @@ def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=Non
                       key_padding_mask=None, is_causal: bool = False, causal_offset: int = 0,
                       dropout_p: float = 0.0, rng: np.random.Generator | None = None,
                       scale: float | None = None):
-    """Scaled dot-product attention; returns (out (B, H, Tq, dv), AttentionCache)."""
+    """Scaled dot-product attention; returns (out (B, H, Tq, dv), AttentionCache). No queries
+    (Tq = 0) give an empty output; no keys (Tk = 0) a zero one, as for a fully masked row."""
     dropout_p = _check_attention_inputs(q, k, v, dropout_p, rng)
     batch, heads, tq, width = q.shape
     groups, tk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
+    scale = attention_scale(scale, q)
     blocked, bias = attention_masks((batch, heads, tq, tk), q.dtype, attn_mask,
                                     key_padding_mask, is_causal, causal_offset)
     scores = _grouped(q * scale, groups) @ k.swapaxes(-1, -2)           # (B, G, r Tq, Tk)
@@ -228,6 +245,7 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache):
     Cached: q, k, v and P (the probabilities are also what a student looks at) and the
     dropout mask; nothing else is needed. Returns (dq, dk, dv).
     """
+    validate.backward_inputs(dout, cache, AttentionCache)
     q, k, v, probs, dropout, scale = cache
     groups = k.shape[1]
     weights = probs if dropout is None else probs * dropout             # W (B, H, Tq, Tk)
@@ -260,5 +278,6 @@ class ScaledDotProductAttention(Module):
 
     def backward(self, dout, cache):
         if type(cache) is AttentionKernelCache:
+            validate.backward_inputs(dout, cache, AttentionCache)
             return attention_backward_into(dout, *cache)
         return attention_backward(dout, cache)

@@ -33,6 +33,10 @@ class CrossEntropyCache(NamedTuple):
     label_smoothing: float
     reduction: str
 
+    @property
+    def output_spec(self):  # the (shape, dtype) dloss must have
+        return (self.keep.shape if self.reduction == "none" else ()), self.logits.dtype
+
 
 def _at_targets(values: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """values[..., targets[...]]: (..., C) and (...) -> (...), a view of the picked entries'
@@ -96,6 +100,7 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache) -> np.ndarray:
     z - (max + log_sum) would round the sum first, and with logits of 1e4 in float32 that
     rounding alone (5e-4) would be the error of every p.
     """
+    validate.backward_inputs(dloss, cache, CrossEntropyCache, "dloss")
     logits, row_max, log_sum, targets, keep, count, smoothing, reduction = cache
     classes = logits.shape[-1]
     dlogits = np.exp((logits - row_max) - log_sum)                      # p (..., C)

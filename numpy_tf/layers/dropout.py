@@ -16,6 +16,12 @@ from ..core.module import Module
 
 class DropoutCache(NamedTuple):
     mask: np.ndarray | None     # (...) 0 or 1 / (1 - p) in x's dtype; None when nothing dropped
+    x_shape: tuple              # the output's shape
+    dtype: np.dtype             # x's, the output's
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.x_shape, self.dtype
 
 
 def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray:
@@ -35,16 +41,17 @@ def dropout_forward(x: np.ndarray, p: float, rng: np.random.Generator | None = N
     validate.float_array("x", x)
     p = check_probability(p)
     if not training or p == 0.0:
-        return x, DropoutCache(None)
+        return x, DropoutCache(None, x.shape, x.dtype)
     if not isinstance(rng, np.random.Generator):
         raise TypeError("dropout in training mode needs rng=numpy.random.Generator (explicit "
                         f"randomness, SPEC §1); got {type(rng).__name__}")
     mask = dropout_mask(x.shape, p, rng, x.dtype)
-    return x * mask, DropoutCache(mask)
+    return x * mask, DropoutCache(mask, x.shape, x.dtype)
 
 
 def dropout_backward(dout: np.ndarray, cache: DropoutCache) -> np.ndarray:
     """y = x m with the mask m fixed by the forward, so dx = dout m (the same m)."""
+    validate.backward_inputs(dout, cache, DropoutCache)
     return dout if cache.mask is None else dout * cache.mask
 
 

@@ -20,6 +20,12 @@ class EmbeddingCache(NamedTuple):
     ids: np.ndarray             # (...) the looked-up rows
     num_embeddings: int         # V
     padding_idx: int | None
+    embedding_dim: int          # D
+    dtype: np.dtype             # the weight's, the output's
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return (*self.ids.shape, self.embedding_dim), self.dtype
 
 
 class EmbeddingKernelCache(EmbeddingCache):
@@ -33,7 +39,7 @@ def embedding_forward(ids: np.ndarray, weight: np.ndarray, padding_idx: int | No
     validate.float_array("weight", weight, ndim=2, shape="(V, D)")
     validate.ids_in_range("ids", ids, weight.shape[0])
     out = np.take(weight, ids, axis=0)                              # (..., D)
-    return out, EmbeddingCache(ids, weight.shape[0], padding_idx)
+    return out, EmbeddingCache(ids, weight.shape[0], padding_idx, weight.shape[1], weight.dtype)
 
 
 def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:
@@ -43,8 +49,9 @@ def embedding_backward(dout: np.ndarray, cache: EmbeddingCache) -> np.ndarray:
     where `dW[ids] += dout` would keep only one of them. The padding row (if any) gets no
     gradient, as in torch. Returns dweight (V, D); integer ids have no gradient.
     """
-    ids, num_embeddings, padding_idx = cache
-    dweight = np.zeros((num_embeddings, dout.shape[-1]), dtype=dout.dtype)     # (V, D)
+    validate.backward_inputs(dout, cache, EmbeddingCache)
+    ids, num_embeddings, padding_idx, embedding_dim, dtype = cache
+    dweight = np.zeros((num_embeddings, embedding_dim), dtype=dtype)          # (V, D)
     np.add.at(dweight, ids.reshape(-1), dout.reshape(-1, dout.shape[-1]))
     if padding_idx is not None:
         dweight[padding_idx] = 0.0
@@ -91,7 +98,11 @@ class Embedding(Module):
 
     def backward(self, dout, cache):
         """Adds into weight.grad; returns None (integer ids have no gradient)."""
+        if isinstance(cache, EmbeddingCache):
+            validate.cache_fits("weight", ((cache.num_embeddings, cache.embedding_dim),
+                                           cache.dtype), self.weight.data)
         if type(cache) is EmbeddingKernelCache:
+            validate.backward_inputs(dout, cache, EmbeddingCache)
             embedding_backward_into(self.weight.grad, dout, cache.ids, cache.padding_idx)
         else:
             self.weight.grad += embedding_backward(dout, cache)

@@ -50,12 +50,12 @@ author compares tile by tile (numpy_tf.checking.flash_case writes them into a ca
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 
-from .attention import attention_masks, check_qkv
+from ..core import validate
+from .attention import attention_masks, attention_scale, check_qkv
 
 
 class FlashAttentionCache(NamedTuple):
@@ -71,6 +71,10 @@ class FlashAttentionCache(NamedTuple):
     causal_offset: int
     block_q: int
     block_k: int
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.out.shape, self.out.dtype
 
 
 def _block_size(name: str, size) -> int:
@@ -112,7 +116,7 @@ def flash_attention_forward(q, k, v, attn_mask=None, key_padding_mask=None,
     block_q, block_k = _block_size("block_q", block_q), _block_size("block_k", block_k)
     batch, heads, tq, width = q.shape
     tk, value_width = k.shape[2], v.shape[3]
-    scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
+    scale = attention_scale(scale, q)
     shape = (batch, heads, tq, tk)
     blocked, bias = attention_masks(shape, q.dtype, attn_mask, key_padding_mask, is_causal,
                                     causal_offset)
@@ -170,6 +174,7 @@ def flash_attention_backward(dout: np.ndarray, cache: FlashAttentionCache):
     Grouped-query heads: k and v are repeated to the H query heads (repeat_interleave), and
     the gradients of the r copies of key/value head j are summed. Returns (dq, dk, dv).
     """
+    validate.backward_inputs(dout, cache, FlashAttentionCache)
     (q, k, v, out, logsumexp, blocked, bias, scale, is_causal, causal_offset, block_q,
      block_k) = cache
     batch, heads, tq, width = q.shape
@@ -204,7 +209,7 @@ def flash_attention_backward(dout: np.ndarray, cache: FlashAttentionCache):
 def _scale_and_masks(q, k, attn_mask, key_padding_mask, is_causal, causal_offset, scale):
     """(shape (B, H, Tq, Tk), scale, blocked, bias) as flash_attention_forward sets them."""
     shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    scale = attention_scale(scale, q)
     blocked, bias = attention_masks(shape, q.dtype, attn_mask, key_padding_mask, is_causal,
                                     causal_offset)
     return shape, scale, blocked, bias
@@ -242,22 +247,21 @@ def flash_decoding(q, k, v, attn_mask=None, key_padding_mask=None, is_causal: bo
                                                    is_causal, causal_offset, scale)
     k_heads, v_heads = _heads(k, heads), _heads(v, heads)              # (B, H, Tk, d | dv)
     every_query = slice(0, tq)
-    outs, maxes, sums = [], [], []
-    for key_start in range(0, tk, chunk_size):                         # each chunk alone
-        cols = slice(key_start, min(key_start + chunk_size, tk))
+    chunks = -(-tk // chunk_size)                                      # C (0 when Tk = 0)
+    chunk_out = np.zeros((chunks, *q.shape[:3], v.shape[3]), q.dtype)  # O_c
+    chunk_max = np.zeros((chunks, *q.shape[:3]), q.dtype)              # m_c
+    chunk_sum = np.zeros_like(chunk_max)                               # l_c
+    for c in range(chunks):                                            # each chunk alone
+        cols = slice(c * chunk_size, min((c + 1) * chunk_size, tk))
         scores = _tile_scores(q, k_heads[:, :, cols], blocked, bias, shape, every_query, cols,
                               scale)                                   # (B, H, Tq, chunk)
-        chunk_max = scores.max(axis=-1)                                # m_c (B, H, Tq)
-        shift = np.where(np.isfinite(chunk_max), chunk_max, 0.0)
+        chunk_max[c] = scores.max(axis=-1)                             # m_c (B, H, Tq)
+        shift = np.where(np.isfinite(chunk_max[c]), chunk_max[c], 0.0)
         probs = np.exp(scores - shift[..., None])
-        chunk_sum = probs.sum(axis=-1)                                 # l_c (B, H, Tq)
-        chunk_out = probs @ v_heads[:, :, cols] / np.where(chunk_sum > 0.0, chunk_sum,
-                                                           1.0)[..., None]
-        outs.append(chunk_out)
-        maxes.append(chunk_max)
-        sums.append(chunk_sum)
-    chunk_out, chunk_max, chunk_sum = np.stack(outs), np.stack(maxes), np.stack(sums)
-    row_max = chunk_max.max(axis=0)                                    # m (B, H, Tq)
+        chunk_sum[c] = probs.sum(axis=-1)                              # l_c (B, H, Tq)
+        chunk_out[c] = probs @ v_heads[:, :, cols] / np.where(chunk_sum[c] > 0.0, chunk_sum[c],
+                                                              1.0)[..., None]
+    row_max = np.max(chunk_max, axis=0, initial=-np.inf)               # m (B, H, Tq)
     shift = np.where(np.isfinite(row_max), row_max, 0.0)
     weights = chunk_sum * np.exp(chunk_max - shift)                    # w_c (C, B, H, Tq)
     total = weights.sum(axis=0)                                        # (B, H, Tq)
@@ -294,15 +298,16 @@ def flash_attention_statistics(q, k, attn_mask=None, key_padding_mask=None,
                                                    is_causal, causal_offset, scale)
     every = (slice(0, tq), slice(0, tk))
     scores = _tile_scores(q, _heads(k, heads), blocked, bias, shape, *every, scale)
-    maxes, sums = [], []
-    for key_stop in range(block_k, tk + block_k, block_k):
-        seen = scores[..., :min(key_stop, tk)]                         # keys of tiles 0 .. t
-        row_max = seen.max(axis=-1)
-        shift = np.where(np.isfinite(row_max), row_max, 0.0)
-        maxes.append(row_max)
-        sums.append(np.exp(seen - shift[..., None]).sum(axis=-1))
-    row_max, row_sum = np.stack(maxes, axis=-1), np.stack(sums, axis=-1)
-    last_max, last_sum = row_max[..., -1], row_sum[..., -1]
+    tiles = -(-tk // block_k)                                          # n (0 when Tk = 0)
+    row_max = np.zeros((*shape[:3], tiles), q.dtype)                   # m (B, H, Tq, n)
+    row_sum = np.zeros_like(row_max)                                   # l (B, H, Tq, n)
+    for t in range(tiles):
+        seen = scores[..., :min((t + 1) * block_k, tk)]                # keys of tiles 0 .. t
+        row_max[..., t] = seen.max(axis=-1)
+        shift = np.where(np.isfinite(row_max[..., t]), row_max[..., t], 0.0)
+        row_sum[..., t] = np.exp(seen - shift[..., None]).sum(axis=-1)
+    last_max, last_sum = (row_max[..., -1], row_sum[..., -1]) if tiles else \
+        (np.zeros(shape[:3], q.dtype),) * 2                            # no key: L = +inf
     divisor = np.where(last_sum > 0.0, last_sum, 1.0)
     logsumexp = np.where(last_sum > 0.0, last_max + np.log(divisor), np.inf)
     return FlashTileStatistics(row_max, row_sum, logsumexp)

@@ -21,6 +21,10 @@ class LinearCache(NamedTuple):
     weight: np.ndarray      # (OUT, IN), needed for dx
     has_bias: bool
 
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return (*self.x.shape[:-1], self.weight.shape[0]), self.x.dtype
+
 
 def _check_linear(x, weight, bias) -> None:
     validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
@@ -50,6 +54,7 @@ def linear_backward(dout: np.ndarray, cache: LinearCache):
 
     Returns (dx, dweight, dbias); dbias is None without a bias.
     """
+    validate.backward_inputs(dout, cache, LinearCache)
     x, weight, has_bias = cache
     dout_rows = dout.reshape(-1, dout.shape[-1])                     # (N, OUT)
     dx = (dout_rows @ weight).reshape(x.shape)                       # (..., IN)
@@ -92,7 +97,15 @@ class Linear(Module):
             validate.last_dim("x", x, self.in_features, "in_features")
         return linear_rows(x, weight, bias), LinearCache(x, weight, bias is not None)
 
+    def check_cache(self, cache) -> None:
+        """A LinearCache must come from a Linear of this one's shape, dtype and bias: its
+        gradients are added into this layer's."""
+        if isinstance(cache, LinearCache):
+            validate.cache_fits("weight", cache.weight, self.weight.data)
+            validate.cache_fits("bias flag", cache.has_bias, self.bias is not None)
+
     def backward(self, dout, cache):
+        self.check_cache(cache)
         dx, dweight, dbias = linear_backward(dout, cache)
         self.weight.grad += dweight
         if self.bias is not None:

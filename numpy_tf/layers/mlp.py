@@ -41,6 +41,10 @@ class GateCache(NamedTuple):
     activated: np.ndarray       # (..., F) a = silu(g)
     up: np.ndarray              # (..., F) u = W_up x
 
+    @property
+    def output_spec(self):  # the (shape, dtype) dhidden must have
+        return self.up.shape, self.up.dtype
+
 
 def swiglu_gate_forward(gate: np.ndarray, up: np.ndarray):
     """h = silu(g) * u, elementwise."""
@@ -57,6 +61,7 @@ def swiglu_gate_backward(dhidden: np.ndarray, cache: GateCache):
         du = dh a          and       da = dh u,  dg = silu_backward(da)
     (silu's own derivative, sigma(g) (1 + g (1 - sigma(g))), derived in activations.py).
     Returns (dgate, dup)."""
+    validate.backward_inputs(dhidden, cache, GateCache, "dhidden")
     silu_cache, activated, up = cache
     return silu_backward(dhidden * up, silu_cache), dhidden * activated
 
@@ -66,6 +71,10 @@ class SwiGLUCache(NamedTuple):
     up: LinearCache             # x, W_up
     product: GateCache          # silu's cache of g, a = silu(g), u
     down: LinearCache           # h, W_down
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.down.output_spec
 
 
 def swiglu_forward(x: np.ndarray, gate_weight: np.ndarray, up_weight: np.ndarray,
@@ -109,6 +118,7 @@ def swiglu_backward(dout: np.ndarray, cache: SwiGLUCache):
     dup_weight, ddown_weight, dgate_bias, dup_bias, ddown_bias); a bias gradient is None
     where the forward had no bias.
     """
+    validate.backward_inputs(dout, cache, SwiGLUCache)
     dh, ddown, ddown_bias = linear_backward(dout, cache.down)       # (..., F)
     dg, du = swiglu_gate_backward(dh, cache.product)                # (..., F) each
     dx_gate, dgate, dgate_bias = linear_backward(dg, cache.gate)    # (..., C)
@@ -140,6 +150,10 @@ class SwiGLU(Module):
         return swiglu_forward(x, *weights, *biases)
 
     def backward(self, dout, cache):
+        if isinstance(cache, SwiGLUCache):
+            for layer, linear_cache in zip(self._projections(), (cache.gate, cache.up,
+                                                                  cache.down)):
+                layer.check_cache(linear_cache)
         dx, *grads = swiglu_backward(dout, cache)
         for layer, dweight, dbias in zip(self._projections(), grads[:3], grads[3:]):
             layer.weight.grad += dweight

@@ -67,6 +67,10 @@ class AttentionLayerCache(NamedTuple):
     inputs: str                 # "self", "key" or "key_value": the gradients to return
     static: bool                # keys and values came from static_kv (no projection to undo)
 
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.output.output_spec
+
 
 def split_heads(x: np.ndarray, heads: int) -> np.ndarray:
     """(B, T, heads d) -> (B, heads, T, d)."""
@@ -115,24 +119,57 @@ class HeadAttention(Module):
     def project_kv(self, memory: np.ndarray):
         """Key and value heads (B, G, Tk, d) of a memory, computed once for cross-attention
         decoding (pass them as static_kv)."""
+        validate.float_array("memory", memory, ndim=3, shape="(B, Tk, C)")
+        validate.last_dim("memory", memory, self.output_layer.out_features, "the model width C")
         _, k, v, _ = self._project(memory[:, :1], memory, memory)
         return KVCache(split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads))
 
     # the shared computation -------------------------------------------------------------------
+    def _check_inputs(self, query, key, value, past_kv, static_kv) -> None:
+        """query (B, Tq, C), key and value (B, Tk, C) of the query's dtype, and the KV caches
+        (k, v) heads (B, G, P, d) of the query's batch and dtype, before any work."""
+        validate.float_array("query", query, ndim=3, shape="(B, Tq, C)")
+        width = self.output_layer.out_features
+        validate.last_dim("query", query, width, "the model width C")
+        if static_kv is not None and key is not None:
+            raise ValueError("give either key/value or static_kv, not both")
+        for name, x in (("key", key), ("value", value)):
+            if x is not None:
+                validate.float_array(name, x, ndim=3, shape="(B, Tk, C)")
+                validate.same_dtype(query=query, **{name: x})
+                validate.last_dim(name, x, width, "the model width C")
+                if x.shape[0] != query.shape[0]:
+                    raise ValueError(f"{name} must have the query's batch size "
+                                     f"{query.shape[0]}; got shape {x.shape}")
+        if value is not None and value.shape[:2] != key.shape[:2]:
+            raise ValueError(f"key and value must have the same batch and length; got "
+                             f"{key.shape} and {value.shape}")
+        for name, pair in (("past_kv", past_kv), ("static_kv", static_kv)):
+            if pair is not None:
+                self._check_kv(name, pair, query)
+
+    def _check_kv(self, name: str, pair, query: np.ndarray) -> None:
+        """A KV cache: (k, v), each (B, G, P, d) with the query's B and dtype, one P."""
+        legend = (f"(B, G, P, d) = ({query.shape[0]}, {self.num_kv_heads}, P, "
+                  f"{self.head_dim})")
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"{name} must be a pair (k, v) of arrays {legend} (the `present` "
+                            f"of an earlier call's cache); got {validate.kind_of(pair)}")
+        for part, array in zip(("k", "v"), pair):
+            validate.float_array(f"{name}'s {part}", array, ndim=4, shape=legend)
+            validate.same_dtype(query=query, **{f"{name}'s {part}": array})
+        k, v = pair
+        expected = (query.shape[0], self.num_kv_heads, k.shape[2], self.head_dim)
+        if k.shape != expected or v.shape != expected:
+            raise ValueError(f"{name} must be (k, v), each of shape {legend} with one P: the "
+                             f"`present` of an earlier call's cache; got {k.shape} and "
+                             f"{v.shape}")
+
     def forward(self, query, key=None, value=None, *, attn_mask=None, key_padding_mask=None,
                 is_causal: bool = False, positions=None, past_kv=None, static_kv=None,
                 rng: np.random.Generator | None = None):
-        validate.float_array("query", query, ndim=3, shape="(B, Tq, C)")
+        self._check_inputs(query, key, value, past_kv, static_kv)
         inputs = "self" if key is None else ("key" if value is None else "key_value")
-        if static_kv is not None and key is not None:
-            raise ValueError("give either key/value or static_kv, not both")
-        if key is not None:
-            validate.float_array("key", key, ndim=3, shape="(B, Tk, C)")
-            if value is not None:
-                validate.float_array("value", value, ndim=3, shape="(B, Tk, C)")
-                if value.shape[:2] != key.shape[:2]:
-                    raise ValueError(f"key and value must have the same batch and length; got "
-                                     f"{key.shape} and {value.shape}")
         key = query if key is None else key
         value = key if value is None else value
         static = static_kv is not None
@@ -166,12 +203,32 @@ class HeadAttention(Module):
         return out, AttentionLayerCache(projections, rope_caches, attention, output,
                                         past_length, KVCache(k, v), inputs, static)
 
+    def _check_cache(self, cache) -> None:
+        """The cache is an AttentionLayerCache of this layout (projection_cache), made by a
+        layer with this one's heads."""
+        if not isinstance(cache, AttentionLayerCache) or \
+                not isinstance(cache.projections, self.projection_cache):
+            made = validate.kind_of(cache)
+            if isinstance(cache, AttentionLayerCache):
+                made += f" of projections {type(cache.projections).__name__}"
+            raise TypeError(f"cache must be the AttentionLayerCache this layer's forward "
+                            f"returned (projections {self.projection_cache.__name__}); got "
+                            f"{made}")
+        validate.cache_fits("number of query heads", cache.attention.q.shape[1],
+                            self.num_heads)
+
     def backward(self, dout, cache: AttentionLayerCache):
         """The forward in reverse: output projection, merge of the heads, attention, RoPE
         (its inverse rotation), split of the heads, the projections. Gradients of keys an
         incoming KV cache held (or of static_kv) are not propagated: they were inputs of an
         earlier call. A forward outside reference_path() left an AttentionKernelCache, which
         takes the kernel's attention backward."""
+        self._check_cache(cache)
+        validate.backward_inputs(dout, cache, AttentionLayerCache)
+        return self._heads_backward(dout, cache)
+
+    def _heads_backward(self, dout, cache: AttentionLayerCache):
+        """backward, once dout and the cache are checked."""
         dheads = split_heads(self.output_layer.backward(dout, cache.output), self.num_heads)
         if type(cache.attention) is AttentionKernelCache:
             dq, dk, dv = attention_backward_into(dheads, *cache.attention)
@@ -199,6 +256,7 @@ def _gradients(inputs: str, dquery, dkey, dvalue):
 class MultiHeadAttention(HeadAttention):
     """Separate q_proj, k_proj, v_proj, o_proj (HF Llama names), grouped-query heads:
     H = num_heads query heads, G = num_kv_heads key/value heads (G = 1: multi-query)."""
+    projection_cache = ProjectionCaches
 
     def __init__(self, width: int, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = False, dropout: float = 0.0,
@@ -244,6 +302,7 @@ class FusedAttention(HeadAttention):
     """One `qkv` Linear to 3C (q, k, v in that order along the output) and an `output` Linear:
     the 7,232-parameter Pre-LN GPT, GPTConfig.tiny() (no biases), and GPT-2 (with biases).
     Self-attention only."""
+    projection_cache = LinearCache
 
     def __init__(self, width: int, num_heads: int, bias: bool = False, dropout: float = 0.0,
                  rope: bool = False, rope_base: float = 10000.0, rope_interleaved: bool = False,
@@ -275,14 +334,14 @@ class FusedAttention(HeadAttention):
         q, k, v = qkv[..., :width], qkv[..., width:2 * width], qkv[..., 2 * width:]
         return q, k, v, cache
 
-    def backward(self, dout, cache: AttentionLayerCache):
-        """As HeadAttention.backward. A cache the kernels made, without RoPE or a KV cache,
-        takes kernels.attention.qkv_gradient instead: the head gradients are written straight
-        into the thirds of the qkv output's gradient (B, T, 3C), which is the same array the
+    def _heads_backward(self, dout, cache: AttentionLayerCache):
+        """As HeadAttention's. A cache the kernels made, without RoPE or a KV cache, takes
+        kernels.attention.qkv_gradient instead: the head gradients are written straight into
+        the thirds of the qkv output's gradient (B, T, 3C), which is the same array the
         reference assembles from dq, dk and dv."""
         if type(cache.attention) is not AttentionKernelCache or cache.rope is not None or \
                 cache.past_length:
-            return super().backward(dout, cache)
+            return super()._heads_backward(dout, cache)
         dheads = split_heads(self.output.backward(dout, cache.output), self.num_heads)
         dqkv = qkv_gradient(dheads, *cache.attention)                   # (B, T, 3C)
         return self.qkv.backward(dqkv, cache.projections)
@@ -307,6 +366,7 @@ class TorchMultiheadAttention(HeadAttention):
     first two axes are swapped at the entry (into memory order, so the arithmetic is
     batch_first's bit for bit) and the exit (a view), and everything in between (the weights,
     key_padding_mask (B, Tk), attn_mask, the KV caches' (B, H, T, d)) is the same."""
+    projection_cache = ProjectionCaches
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  *, batch_first: bool = True, rng: np.random.Generator | int = 0,
@@ -361,7 +421,11 @@ class TorchMultiheadAttention(HeadAttention):
         (T, B, E), swapped at the entry and the exit as forward swaps its arrays."""
         if self.batch_first:
             return super().backward(dout, cache)
-        grads = super().backward(np.ascontiguousarray(dout.swapaxes(0, 1)), cache)
+        self._check_cache(cache)
+        (batch, length, width), dtype = cache.output_spec                # dout is (T, B, E)
+        validate.gradient("dout", dout, (length, batch, width), dtype,
+                          "TorchMultiheadAttention (batch_first=False)")
+        grads = self._heads_backward(np.ascontiguousarray(dout.swapaxes(0, 1)), cache)
         return tuple(None if g is None else g.swapaxes(0, 1) for g in grads)
 
     def _slices(self):

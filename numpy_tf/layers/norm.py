@@ -69,6 +69,10 @@ class LayerNormCache(NamedTuple):
     weight: np.ndarray | None       # (C,) or None, for dx
     has_bias: bool
 
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.x_hat.shape, self.x_hat.dtype
+
 
 class LayerNormKernelCache(LayerNormCache):
     """A LayerNormCache made by the kernel tier (numpy_tf.kernels.norm): the same fields; its
@@ -127,6 +131,7 @@ def layernorm_backward(dout: np.ndarray, cache: LayerNormCache):
     Cached: x_hat and inv_std (everything dx needs, instead of x, mean and var), and the weight
     for g. Returns (dx, dweight, dbias); dweight / dbias are None for an absent weight / bias.
     """
+    validate.backward_inputs(dout, cache, LayerNormCache)
     x_hat, inv_std, weight, has_bias = cache
     g = dout * weight if weight is not None else dout                        # (..., C)
     mean_g = g.mean(axis=-1, keepdims=True)                                  # (..., 1)
@@ -143,6 +148,10 @@ class RMSNormCache(NamedTuple):
     x_hat: np.ndarray               # (..., C) x * inv_rms, for dx and dweight
     inv_rms: np.ndarray             # (..., 1) 1 / sqrt(mean(x^2) + eps), for dx
     weight: np.ndarray | None       # (C,) or None, for dx
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.x_hat.shape, self.x_hat.dtype
 
 
 class RMSNormKernelCache(RMSNormCache):
@@ -189,6 +198,7 @@ def rmsnorm_backward(dout: np.ndarray, cache: RMSNormCache):
     Cached: x_hat and inv_rms, and the weight for g. Returns (dx, dweight); dweight is None
     without a weight.
     """
+    validate.backward_inputs(dout, cache, RMSNormCache)
     x_hat, inv_rms, weight = cache
     g = dout * weight if weight is not None else dout                        # (..., C)
     mean_g_x_hat = (g * x_hat).mean(axis=-1, keepdims=True)                  # (..., 1)
@@ -199,6 +209,16 @@ def rmsnorm_backward(dout: np.ndarray, cache: RMSNormCache):
 
 
 # -- thin classes -----------------------------------------------------------------------------
+def _check_own_cache(layer, cache, kind) -> None:
+    """A cache of the right kind must also come from a norm of this layer's width, dtype and
+    parameters (the gradients are added into this layer's)."""
+    if isinstance(cache, kind):
+        validate.cache_fits("weight", cache.weight,
+                            None if layer.weight is None else layer.weight.data)
+        if kind is LayerNormCache:
+            validate.cache_fits("bias flag", cache.has_bias, layer.bias is not None)
+
+
 class LayerNorm(Module):
     """torch.nn.LayerNorm(normalized_shape, eps, elementwise_affine, bias) over the last axis.
     Parameters `weight` (C,) initialised to ones and `bias` (C,) to zeros, as torch; both are
@@ -229,7 +249,9 @@ class LayerNorm(Module):
         return out, LayerNormKernelCache(x_hat, inv_std, weight, bias is not None)
 
     def backward(self, dout, cache):
+        _check_own_cache(self, cache, LayerNormCache)
         if type(cache) is LayerNormKernelCache:
+            validate.backward_inputs(dout, cache, LayerNormCache)
             dx, dweight, dbias = layernorm_rows_backward(dout, *cache)
         else:
             dx, dweight, dbias = layernorm_backward(dout, cache)
@@ -266,7 +288,9 @@ class RMSNorm(Module):
         return out, RMSNormKernelCache(x_hat, inv_rms, weight)
 
     def backward(self, dout, cache):
+        _check_own_cache(self, cache, RMSNormCache)
         if type(cache) is RMSNormKernelCache:
+            validate.backward_inputs(dout, cache, RMSNormCache)
             dx, dweight = rmsnorm_rows_backward(dout, *cache)
         else:
             dx, dweight = rmsnorm_backward(dout, cache)

@@ -60,6 +60,12 @@ class LearnedPositionsCache(NamedTuple):
     offset: int             # the position of x's first token
     length: int             # T, the number of positions looked up
     max_context: int        # the table's rows, for dweight's shape
+    x_shape: tuple          # (B, T, C), the output's shape
+    dtype: np.dtype         # x's and the table's, the output's
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.x_shape, self.dtype
 
 
 def learned_positions_forward(x: np.ndarray, weight: np.ndarray, offset=0):
@@ -77,7 +83,7 @@ def learned_positions_forward(x: np.ndarray, weight: np.ndarray, offset=0):
             f"{max_context} rows (positions 0 .. {max_context - 1}); a learned table has no "
             "row beyond its last, so crop the input (and any cached context) to fit")
     out = x + weight[offset:offset + length]                        # (B, T, C)
-    return out, LearnedPositionsCache(offset, length, max_context)
+    return out, LearnedPositionsCache(offset, length, max_context, x.shape, x.dtype)
 
 
 def learned_positions_backward(dout: np.ndarray, cache: LearnedPositionsCache):
@@ -90,7 +96,8 @@ def learned_positions_backward(dout: np.ndarray, cache: LearnedPositionsCache):
     Nothing but the offset, T and the table's size is cached. Returns (dx, dweight); dx is a
     new array (not dout itself), so a caller may add into it in place.
     """
-    offset, length, max_context = cache
+    validate.backward_inputs(dout, cache, LearnedPositionsCache)
+    offset, length, max_context, _, _ = cache
     dx = dout.copy()                                                            # (B, T, C)
     dweight = np.zeros((max_context, dout.shape[-1]), dtype=dout.dtype)         # (max_context, C)
     dweight[offset:offset + length] = dout.sum(axis=0)
@@ -98,19 +105,34 @@ def learned_positions_backward(dout: np.ndarray, cache: LearnedPositionsCache):
 
 
 # -- sinusoidal positions ---------------------------------------------------------------------
+class SinusoidalPositionsCache(NamedTuple):
+    x_shape: tuple          # (B, T, C), the output's shape
+    dtype: np.dtype         # x's, the output's
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.x_shape, self.dtype
+
+
 def sinusoidal_positions_forward(x: np.ndarray, offset=0):
     """out = x + PE[offset : offset + T], the table built in x's dtype. x (B, T, C), C even.
-    The cache is None: the derivative of a constant shift needs nothing."""
+    The derivative of a constant shift needs nothing: the cache holds only the output's shape
+    and dtype, for the check of dout."""
     validate.float_array("x", x, ndim=3, shape="(B, T, C)")
     if x.shape[-1] % 2:
         raise ValueError("x must have an even last dimension C for sinusoidal positions (sin "
                          f"and cos fill the pairs (2i, 2i+1)); got shape {x.shape}")
     table = sinusoidal_table(x.shape[1], x.shape[2], x.dtype, offset)          # (T, C)
-    return x + table, None
+    return x + table, SinusoidalPositionsCache(x.shape, x.dtype)
 
 
-def sinusoidal_positions_backward(dout: np.ndarray, cache: None) -> np.ndarray:
-    """out = x + PE with PE constant, so dx = dout (a new array, as above)."""
+def sinusoidal_positions_backward(dout: np.ndarray, cache: SinusoidalPositionsCache | None):
+    """out = x + PE with PE constant, so dx = dout (a new array, as above). The derivative
+    needs no cache: with None, dout is checked only for being a float array."""
+    if cache is None:
+        validate.float_array("dout", dout)
+    else:
+        validate.backward_inputs(dout, cache, SinusoidalPositionsCache)
     return dout.copy()
 
 
@@ -133,6 +155,9 @@ class LearnedPositions(Module):
         return learned_positions_forward(x, self.weight.data, offset)
 
     def backward(self, dout, cache):
+        if isinstance(cache, LearnedPositionsCache):
+            validate.cache_fits("weight", ((cache.max_context, cache.x_shape[-1]), cache.dtype),
+                                self.weight.data)
         dx, dweight = learned_positions_backward(dout, cache)
         self.weight.grad += dweight
         return dx
@@ -140,7 +165,7 @@ class LearnedPositions(Module):
 
 class SinusoidalPositions(Module):
     """The fixed sinusoidal table added to x (B, T, width); no parameters, width even.
-    forward(x, offset=0) -> (x + PE[offset : offset + T], None); backward is the identity."""
+    forward(x, offset=0) -> (x + PE[offset : offset + T], cache); backward is the identity."""
 
     def __init__(self, width: int, dtype=np.float64):
         super().__init__(dtype)

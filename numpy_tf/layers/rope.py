@@ -70,13 +70,20 @@ def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bo
     """Rotate every pair (a, b) of x by its angle: (a cos - b sin, a sin + b cos); with
     inverse=True by minus the angle: (a cos + b sin, -a sin + b cos). A new array. (The
     rotation by theta is the inverse rotation, rope_backward's, by -theta.)"""
-    return rope_backward(x, RoPECache(cos, sin if inverse else -sin, interleaved))
+    validate.float_array("x", x, min_ndim=1, shape="(..., D)")
+    validate.same_dtype(x=x, cos=cos, sin=sin)
+    return rope_backward(x, RoPECache(cos, sin if inverse else -sin, interleaved, x.shape))
 
 
 class RoPECache(NamedTuple):
     cos: np.ndarray         # (T, D/2) or (B, 1, T, D/2)
     sin: np.ndarray         # same shape as cos
     interleaved: bool
+    x_shape: tuple          # (B, H, T, D) of the output
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.x_shape, self.cos.dtype
 
 
 def _check_interleaved(interleaved) -> bool:
@@ -107,7 +114,7 @@ def rope_forward(x: np.ndarray, positions: np.ndarray, base: float = 10000.0,
     out_a, out_b = _pairs(out, interleaved)                                 # views of out
     out_a[...] = a * cos - b * sin                                          # a'
     out_b[...] = a * sin + b * cos                                          # b'
-    return out, RoPECache(cos, sin, interleaved)
+    return out, RoPECache(cos, sin, interleaved, x.shape)
 
 
 def rope_backward(dout: np.ndarray, cache: RoPECache) -> np.ndarray:
@@ -130,7 +137,8 @@ def rope_backward(dout: np.ndarray, cache: RoPECache) -> np.ndarray:
     in the same layout. Cached: only cos and sin (x is not needed, the map being linear).
     Integer positions get no gradient. Returns dx.
     """
-    cos, sin, interleaved = cache
+    validate.backward_inputs(dout, cache, RoPECache)
+    cos, sin, interleaved, _ = cache
     da_out, db_out = _pairs(dout, interleaved)                              # da', db'
     dx = np.empty_like(dout)                                                # (B, H, T, D)
     da, db = _pairs(dx, interleaved)                                        # views of dx

@@ -19,6 +19,10 @@ class SoftmaxCache(NamedTuple):
     probs: np.ndarray       # (...) the softmax output
     axis: int
 
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.probs.shape, self.probs.dtype
+
 
 def softmax_forward(x: np.ndarray, axis: int = -1):
     validate.float_array("x", x, min_ndim=1)
@@ -34,6 +38,7 @@ def softmax_backward(dout: np.ndarray, cache: SoftmaxCache) -> np.ndarray:
 
     Only p is needed: it is cached.
     """
+    validate.backward_inputs(dout, cache, SoftmaxCache)
     probs, axis = cache
     dx = dout - (dout * probs).sum(axis=axis, keepdims=True)
     dx *= probs
@@ -43,6 +48,10 @@ def softmax_backward(dout: np.ndarray, cache: SoftmaxCache) -> np.ndarray:
 class LogSoftmaxCache(NamedTuple):
     probs: np.ndarray       # (...) softmax(x) = exp(log_softmax(x))
     axis: int
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.probs.shape, self.probs.dtype
 
 
 def log_softmax_forward(x: np.ndarray, axis: int = -1):
@@ -58,6 +67,7 @@ def log_softmax_backward(dout: np.ndarray, cache: LogSoftmaxCache) -> np.ndarray
 
         dx_k = dout_k - p_k sum_i dout_i.
     """
+    validate.backward_inputs(dout, cache, LogSoftmaxCache)
     probs, axis = cache
     return dout - probs * dout.sum(axis=axis, keepdims=True)
 

@@ -207,7 +207,8 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
                                                           offset=5)),
               "out[b, t] = x[b, t] + W[offset + t], W (max_context, C).\n"
               "Return (dx, dweight), shaped like x and W."),
-    LayerSpec("sinusoidal_positions", positions, None, ("x",), draw.elementwise, "x (B, T, C)",
+    LayerSpec("sinusoidal_positions", positions, positions.SinusoidalPositionsCache, ("x",),
+              draw.elementwise, "x (B, T, C)",
               (_case("x (2, 3, 4)", (2, 3, 4)), _case("offset 5", (1, 2, 6), offset=5)),
               "out = x + PE[offset : offset + T], PE a fixed table. Return dx, shaped like x."),
     LayerSpec("rope", rope, rope.RoPECache, ("x",), draw.rope, "x (B, H, T, D)",
