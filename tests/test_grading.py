@@ -36,18 +36,25 @@ def write(tmp_path, text: str, name: str = "submission.py"):
 def test_the_skeleton_fails_and_the_solved_skeleton_passes_for_every_layer(tmp_path):
     skeleton = assignment(list(LAYERS), "homework.py")
     assert skeleton.count("raise NotImplementedError") == len(LAYERS)
-    report = grade(write(tmp_path, skeleton, "homework.py"))
-    backwards = [f for f in report.functions if f.function.endswith("_backward")]
-    forwards = [f for f in report.functions if f.function.endswith("_forward")]
-    assert len(backwards) == len(forwards) == len(LAYERS)
+    homework = write(tmp_path, skeleton, "homework.py")
+    report = grade(homework)
+    # only the functions the student has to write earn points: the forwards handed out
+    # complete are graded only when asked for
+    assert [f.function for f in report.functions] == [f"{name}_backward" for name in LAYERS]
     assert all(not f.passed and f.points == 0 and "NotImplementedError" in f.first_failure
-               for f in backwards)
+               for f in report.functions)
+    assert report.points == 0
+    forwards = [f for f in grade(homework, forwards=True).functions
+                if f.function.endswith("_forward")]
+    assert len(forwards) == len(LAYERS)
     assert all(f.passed for f in forwards)            # the forwards are numpy_tf's own
     report = grade(write(tmp_path, solved(skeleton), "solved.py"))
     assert report.passed, str(report)
     total = report.to_dict()
-    assert total["points"] == total["possible"] == sum(
-        2 * (len(spec.cases) + 1) for spec in LAYERS.values())
+    assert total["points"] == total["possible"] == 10 * len(LAYERS)
+    # every case in float64 and in float32
+    assert [len(f.cases) for f in report.functions] == \
+        [2 * len(spec.cases) for spec in LAYERS.values()]
 
 
 def test_the_skeleton_reads_as_homework():
@@ -130,7 +137,9 @@ def rmsnorm_backward(dout, cache):                  # misses the weight's factor
     assert not report.passed and not any(f.passed for f in results.values())
     assert "dbias has shape (2, 3, 5); expected (5,)" in results["linear_backward"].first_failure
     assert "dx has dtype float64; expected float32" in results["relu_backward"].first_failure
-    assert results["relu_backward"].points == 3                # the float64 cases pass
+    relu = results["relu_backward"]                             # the float64 cases pass
+    assert [case.passed for case in relu.cases] == [case.dtype == "float64" for case in relu.cases]
+    assert relu.points == relu.possible / 2
     assert "dx is nan at (0, 0, 0)" in results["gelu_backward"].first_failure
     assert "ZeroDivisionError: oops (line 18)" in results["silu_backward"].first_failure
     assert "must return 1 values; got" not in results["softmax_backward"].first_failure
@@ -181,7 +190,7 @@ def test_a_syntax_error_fails_every_function_with_one_message(tmp_path):
     path = write(tmp_path, "import numpy as np\n\ndef layernorm_backward(dout, cache):\n"
                            "    return dout +\n\ndef gelu_forward(x, approximate='none'):\n"
                            "    return x\n")
-    report = grade(path)
+    report = grade(path, forwards=True)
     assert [f.function for f in report.functions] == ["layernorm_backward", "gelu_forward"]
     messages = {f.error for f in report.functions}
     assert len(messages) == 1 and messages.pop().startswith("SyntaxError: invalid syntax "
@@ -236,7 +245,7 @@ def test_grade_and_assignment_commands(tmp_path, capsys):
     homework.write_text(solved(homework.read_text()))
     assert main(["grade", str(homework), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["passed"] and data["points"] == data["possible"] == 2 * (6 + 5)
+    assert data["passed"] and data["points"] == data["possible"] == 2 * 10   # two backwards, 10 each
     assert main(["grade", str(tmp_path / "missing.py")]) == 2
     assert "no such submission file" in capsys.readouterr().err
     assert "numpy_tf_submission" not in " ".join(sys.modules)
@@ -246,7 +255,7 @@ def test_report_text_and_json_agree(tmp_path):
     path = write(tmp_path, "def relu_backward(dout, cache):\n    return dout * cache.positive\n")
     report = grade(path)
     text, data = str(report), report.to_dict()
-    assert report.passed and "relu_backward" in text and "4/4 points" in text
+    assert report.passed and "relu_backward" in text and "10/10 points" in text
     assert data["functions"][0]["cases"][0]["fd_norm_rel_error"] < 1e-8
     assert np.isfinite(json.loads(json.dumps(data))["points"])
 
