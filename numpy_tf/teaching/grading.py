@@ -13,7 +13,7 @@ the cache their backward is fed.
 
 The file never runs in the grader's process. Each submission runs in a fresh interpreter
 (numpy_tf.teaching.student_process) that receives the case inputs and sends back what each call
-returned, as arrays in .npz files read with allow_pickle=False; numpy_tf's expected results
+returned, as arrays in .npy format read with allow_pickle=False; numpy_tf's expected results
 are computed here. So a submission that prints, writes to file descriptor 1, patches numpy or
 numpy_tf, raises a BaseException, calls os._exit or never returns cannot touch this process,
 its report or its --json output: a call still running after `time_limit` seconds ends the
@@ -65,7 +65,7 @@ from ..checking.finite_differences import gradcheck
 from ..checking.fixtures import compare_arrays
 from ..core.table import format_table
 from ..core.tolerances import torch_tolerance
-from .layer_table import LAYERS, EdgeCase, LayerSpec, gradient_dict
+from .layer_table import LAYERS, EdgeCase, LayerSpec, gradient_dict, grading_cases
 from .notebook import notebook_code
 
 # captured when numpy_tf.grading is imported: (spec, forward, backward)
@@ -292,10 +292,22 @@ def check_time_limit(time_limit) -> float | None:
     return float(time_limit) or None
 
 
+_PREPARED: dict = {}                # (layer, forward, backward) -> its cases, computed once
+
+
 def _prepare(name: str) -> list[_Prepared]:
+    """numpy_tf's side of every case of a layer (kept for the next submission)."""
     spec, forward, backward = _REFERENCE[name]
+    key = (name, forward, backward)
+    if key not in _PREPARED:
+        _PREPARED[key] = _prepare_cases(spec, forward, backward)
+    return _PREPARED[key]
+
+
+def _prepare_cases(spec: LayerSpec, forward, backward) -> list[_Prepared]:
+    name = spec.name
     prepared = []
-    for index, edge in enumerate(spec.cases):
+    for index, edge in enumerate(grading_cases(spec)):
         for dtype in (np.dtype(np.float64), np.dtype(np.float32)):
             inputs = spec.case_inputs(edge, dtype, seed=index)
             out, cache = spec.call(forward, copy.deepcopy(inputs))
@@ -362,14 +374,20 @@ def _type_name(value) -> str:
     return value.type_name if isinstance(value, _Foreign) else type(value).__name__
 
 
-def _decode(description: dict, arrays: dict):
-    kind = description.get("kind")
+def _decode(description, stream):
+    """What the child described, its arrays read from `stream` (the child's results.npy)
+    with allow_pickle=False; ValueError if it cannot be read."""
+    kind = description.get("kind") if isinstance(description, dict) else None
     if kind == "none":
         return None
     if kind == "array":
-        return arrays[description["key"]]
+        offset = description.get("offset")
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError("no offset")
+        stream.seek(offset)
+        return np.lib.format.read_array(stream, allow_pickle=False)
     if kind in ("tuple", "list"):
-        items = [_decode(item, arrays) for item in description["items"]]
+        items = [_decode(item, stream) for item in description["items"]]
         return tuple(items) if kind == "tuple" else items
     return _Foreign(str(description.get("type", "an unknown value")))
 
@@ -394,13 +412,23 @@ def _finite_differences(spec: LayerSpec, case: _Prepared, grads) -> tuple[float,
         f"{row.max_abs_error:.1e} at {row.worst_index}"
 
 
-def _judge(spec: LayerSpec, kind: str, case: _Prepared, event: dict,
-           arrays: dict) -> CaseResult:
-    """One case from the child's event and the arrays it saved."""
+def _judge(spec: LayerSpec, kind: str, case: _Prepared, event: dict, stream) -> CaseResult:
+    """One case from the child's event and the arrays it appended to `stream`."""
     label = (case.edge.name, case.dtype.name)
     if event.get("error"):
-        return CaseResult(*label, False, np.inf, None, event["error"])
-    got = _decode(event["returned"], arrays)
+        return CaseResult(*label, False, np.inf, None, str(event["error"]))
+    try:
+        got = _decode(event.get("returned"), stream)
+    except (ValueError, OSError, KeyError, TypeError, EOFError):
+        return CaseResult(*label, False, np.inf, None, "what it returned could not be read "
+                          "back from the process that ran it")
+    with np.errstate(all="ignore"):         # a student's values may be anything (1e308)
+        return _judge_values(spec, kind, case, event, got)
+
+
+def _judge_values(spec: LayerSpec, kind: str, case: _Prepared, event: dict,
+                  got) -> CaseResult:
+    label = (case.edge.name, case.dtype.name)
     if kind == "forward":
         error, excess, problem = _check_arrays(case.out, got, case.dtype, ("out",))
         return CaseResult(*label, not problem, error, None, problem, excess)
@@ -576,35 +604,23 @@ def _current_function(outcome: _Outcome, done: set, job_dir: Path) -> str:
     return outcome.owned[-1]
 
 
-def _run(submission: Submission, candidates: list[str], prepared: dict, forwards: bool,
-         time_limit: float | None) -> _Outcome:
+def _run(job_dir: Path, submission: Submission, candidates: list[str], prepared: dict,
+         forwards: bool, time_limit: float | None) -> _Outcome:
+    """Run the child until it has been through every function (a new one after each fault)."""
     outcome = _Outcome()
-    with tempfile.TemporaryDirectory(prefix="numpy_tf_grade_") as directory:
-        job_dir = Path(directory)
-        skip: list[str] = []
-        while True:
-            _write_job(job_dir, submission, candidates, prepared, forwards, skip)
-            stopped = _run_child(job_dir, time_limit, outcome)
-            for name, events in outcome.results.items():
-                for event in events:
-                    if "arrays" not in event and not event.get("error"):
-                        event["arrays"] = _load(job_dir / "results" / f"{event['id']}.npz")
-            if stopped is None or outcome.import_error is not None or stopped in skip:
-                return outcome              # finished, or no further progress to make
-            skip = sorted(set(outcome.results) | set(outcome.faults))
-
-
-def _load(path: Path) -> dict | str:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
-    except Exception as error:                          # a file the child could not finish
-        return f"its results could not be read ({type(error).__name__})"
+    (job_dir / "results.npy").touch()
+    skip: list[str] = []
+    while True:
+        _write_job(job_dir, submission, candidates, prepared, forwards, skip)
+        stopped = _run_child(job_dir, time_limit, outcome)
+        if stopped is None or outcome.import_error is not None or stopped in skip:
+            return outcome                  # finished, or no further progress to make
+        skip = sorted(set(outcome.results) | set(outcome.faults))
 
 
 # -- the whole file -----------------------------------------------------------------------------
 def grade(path, time_limit: float | None = 10.0, forwards: bool = False,
-          points: float = POINTS, _prepared: dict | None = None) -> GradeReport:
+          points: float = POINTS) -> GradeReport:
     """Grade the numpy_tf functions the file at `path` (.py or .ipynb) defines (see the module
     text): the backwards, and the forwards too with `forwards=True`; each call into the file
     (its import, each case) given `time_limit` seconds (0 or None: no limit; negative or not
@@ -612,32 +628,25 @@ def grade(path, time_limit: float | None = 10.0, forwards: bool = False,
     that defines none of them."""
     time_limit = check_time_limit(time_limit)
     submission = read_submission(path)
-    shown = str(submission.path)
     try:
         compile(submission.source, str(submission.path.resolve()), "exec")
     except SyntaxError as error:
-        message = submission.where(f"SyntaxError: {error.msg} (line {error.lineno}); nothing "
-                                   "in the file can run")
-        names = [name for name in _names_in(submission.source)
-                 if forwards or name.endswith("_backward")]
-        return GradeReport(shown, [FunctionResult(name, points, error=message)
-                                   for name in names] or
-                           [FunctionResult(submission.path.name, points, error=message)])
+        return _failed_file(submission, f"SyntaxError: {error.msg} (line {error.lineno}); "
+                            "nothing in the file can run", forwards, points)
     candidates = _candidates(submission.source)
-    prepared = {} if _prepared is None else _prepared
     layers = list(dict.fromkeys(name.rsplit("_", 1)[0] for name in candidates))
-    for layer in layers:
-        if layer not in prepared:
-            prepared[layer] = _prepare(layer)
-    outcome = _run(submission, candidates, {layer: prepared[layer] for layer in layers},
-                   forwards, time_limit)
+    prepared = {layer: _prepare(layer) for layer in layers}
+    with tempfile.TemporaryDirectory(prefix="numpy_tf_grade_") as directory:
+        job_dir = Path(directory)
+        outcome = _run(job_dir, submission, candidates, prepared, forwards, time_limit)
+        with open(job_dir / "results.npy", "rb") as stream:
+            return _report(submission, outcome, prepared, stream, forwards, points)
+
+
+def _report(submission: Submission, outcome: _Outcome, prepared: dict, stream,
+            forwards: bool, points: float) -> GradeReport:
     if outcome.import_error is not None:
-        message = submission.where(outcome.import_error)
-        names = [name for name in _names_in(submission.source) if forwards or
-                 name.endswith("_backward")]
-        return GradeReport(shown, [FunctionResult(name, points, error=message)
-                                   for name in names] or
-                           [FunctionResult(submission.path.name, points, error=message)])
+        return _failed_file(submission, outcome.import_error, forwards, points)
     graded = [name for name in outcome.owned if forwards or name.endswith("_backward")]
     if not graded:
         raise ValueError(_none_defined(submission.path) + (
@@ -649,7 +658,7 @@ def grade(path, time_limit: float | None = 10.0, forwards: bool = False,
         layer, kind = name.rsplit("_", 1)
         spec = LAYERS[layer]
         result = FunctionResult(name, points)
-        events = {event["case"]: event for event in outcome.results.get(name, [])}
+        events = {event.get("case"): event for event in outcome.results.get(name, [])}
         for number, case in enumerate(prepared[layer]):
             event = events.get(number)
             if event is None:
@@ -659,17 +668,23 @@ def grade(path, time_limit: float | None = 10.0, forwards: bool = False,
                 continue
             for label in event.get("delegated", []):
                 if label not in result.delegated:
-                    result.delegated.append(label)
-            arrays = event.get("arrays", {})
-            if isinstance(arrays, str):
-                result.cases.append(CaseResult(case.edge.name, case.dtype.name, False, np.inf,
-                                               None, arrays))
-                continue
-            judged = _judge(spec, kind, case, event, arrays)
+                    result.delegated.append(str(label))
+            judged = _judge(spec, kind, case, event, stream)
             judged.message = submission.where(judged.message)
             result.cases.append(judged)
         results.append(result)
-    return GradeReport(shown, results)
+    return GradeReport(str(submission.path), results)
+
+
+def _failed_file(submission: Submission, message: str, forwards: bool,
+                 points: float) -> GradeReport:
+    """Every function the file defines fails with the one message (a file that cannot run)."""
+    message = submission.where(message)
+    names = [name for name in _names_in(submission.source)
+             if forwards or name.endswith("_backward")]
+    return GradeReport(str(submission.path), [FunctionResult(name, points, error=message)
+                                              for name in names] or
+                       [FunctionResult(submission.path.name, points, error=message)])
 
 
 def _fault_message(message: str, result: FunctionResult, what: str | None) -> str:
@@ -756,12 +771,11 @@ def grade_folder(folder, time_limit: float | None = 10.0, forwards: bool = False
     if not paths:
         raise ValueError(f"{folder} holds no .py or .ipynb submissions")
     stems = [path.stem for path in paths]
-    prepared: dict = {}
     reports: dict[str, GradeReport | str] = {}
     for path in paths:
         student = path.stem if stems.count(path.stem) == 1 else path.name
         try:
-            reports[student] = grade(path, time_limit, forwards, points, _prepared=prepared)
+            reports[student] = grade(path, time_limit, forwards, points)
         except ValueError as error:
             reports[student] = str(error).split(" (known:")[0]
     return Gradebook(str(folder), reports)

@@ -11,8 +11,9 @@ student's file itself. This side, in order:
 3. runs the file as a module, then each of its functions on each case, announcing every call on
    the event pipe (file descriptor FD) so that the grader can end the process when a call runs
    past the time limit;
-4. writes what each call returned to JOB_DIR/results/<n>.npz (arrays only, never a pickle) and
-   describes the rest (None, a tuple, another type) in the event that follows.
+4. appends each array a call returned to JOB_DIR/results.npy in .npy format (written and read
+   with allow_pickle=False; an array of objects is not sent) and describes the rest (its offset
+   there, None, a tuple, another type) in the event that follows.
 
 The grader reads the arrays and judges them; nothing here decides a grade, and what the
 submission prints goes to this process's own stdout and stderr (files the grader keeps apart).
@@ -34,7 +35,7 @@ from .layer_table import LAYERS, LayerSpec
 _NDARRAY = np.ndarray           # captured before the submission can rebind numpy's names
 _COPY = np.ndarray.copy
 _TOBYTES = np.ndarray.tobytes
-_SAVEZ = np.savez
+_WRITE_ARRAY = np.lib.format.write_array
 _ERRSTATE = np.errstate
 _SPECS = dict(LAYERS)           # a submission may clear the table or rebind its functions
 _CALL = LayerSpec.call
@@ -93,17 +94,18 @@ class _Watch:
                 self.entered.append(name)
 
 
-def _encode(value, key: str, arrays: dict, depth: int = 0) -> dict:
-    """What a function returned, as JSON; its plain ndarrays go into `arrays` under `key`."""
+def _encode(value, stream, depth: int = 0) -> dict:
+    """What a function returned, as JSON; its plain ndarrays are appended to `stream`."""
     if value is None:
         return {"kind": "none"}
-    if type(value) is _NDARRAY and not value.dtype.hasobject:
-        arrays[key] = value
-        return {"kind": "array", "key": key}
+    if type(value) is _NDARRAY and value.dtype.kind in "biufc":
+        offset = stream.tell()
+        _WRITE_ARRAY(stream, value, allow_pickle=False)
+        stream.flush()
+        return {"kind": "array", "offset": offset}
     if isinstance(value, (tuple, list)) and depth == 0:
         return {"kind": type(value).__name__ if type(value) is list else "tuple",
-                "items": [_encode(item, f"{key}_{i}", arrays, 1)
-                          for i, item in enumerate(value)]}
+                "items": [_encode(item, stream, 1) for item in value]}
     kind = type(value).__name__
     if isinstance(value, _NDARRAY):
         kind = f"{kind} of dtype {value.dtype}" if type(value) is _NDARRAY else kind
@@ -138,7 +140,7 @@ class _Runner:
                 if f"{name}_backward" in self.job["candidates"]:
                     self.numpy_tf_caches[name, number] = \
                         _CALL(spec.forward, self.inputs(case))[1]
-        (job_dir / "results").mkdir(exist_ok=True)
+        self.results = open(job_dir / "results.npy", "ab")
 
     def inputs(self, case: dict) -> dict:
         return {name: _COPY(self.arrays[value["array"]]) if "array" in value else value["value"]
@@ -208,19 +210,14 @@ class _Runner:
                     self.events.send(event="case", function=name, case=number, id=case["id"],
                                      **result)
 
-    def save(self, arrays: dict, name: str) -> None:
-        _SAVEZ(self.job_dir / "results" / f"{name}.npz", **arrays)
-
     def forward_case(self, spec, function, case: dict) -> dict:
-        arrays = {}
         result, error = self.student(_CALL, function, self.inputs(case), what="forward")
         delegated = list(self.watch.entered)
         if error is not None:
             return {"error": error, "delegated": delegated}
         if not isinstance(result, tuple) or len(result) != 2:
             return {"error": "must return (out, cache)", "delegated": delegated}
-        returned = _encode(result[0], "out", arrays)
-        self.save(arrays, case["id"])
+        returned = _encode(result[0], self.results)
         return {"returned": returned, "delegated": delegated}
 
     def backward_case(self, spec, function, forward, case: dict, numpy_tf_cache) -> dict:
@@ -243,9 +240,7 @@ class _Runner:
         delegated += [name for name in self.watch.entered if name not in delegated]
         if error is not None:
             return {"error": error, "delegated": delegated}
-        arrays = {}
-        returned = _encode(grads, "grads", arrays)
-        self.save(arrays, case["id"])
+        returned = _encode(grads, self.results)
         return {"returned": returned, "delegated": delegated,
                 "changed_dout": _TOBYTES(dout) != _TOBYTES(self.arrays[case["dout"]]),
                 "changed_cache": any(_TOBYTES(array) != before for array, before in held)}
