@@ -1,7 +1,9 @@
 """numpy-tf assignment and numpy-tf grade: the skeleton fails, the skeleton with numpy_tf's own
 backward passes, and every way a submission can break is reported per function."""
 import ast
+import csv
 import inspect
+import io
 import json
 import sys
 
@@ -283,3 +285,70 @@ def test_an_endless_loop_fails_its_cases_and_the_grader_goes_on(tmp_path):
     report = grade(hangs, time_limit=0.2)
     assert report.functions[0].error.startswith("TimeLimitExceeded: still running after 0.2 s")
     assert main(["grade", str(hangs), "--time-limit", "-1"]) == 2
+
+
+def test_a_notebook_is_handed_out_and_graded_like_a_python_file(tmp_path):
+    """assignment(format="ipynb") writes plain nbformat-4 JSON holding the same code; a
+    notebook is graded by its code cells (magics left out), with messages naming the cell."""
+    from numpy_tf.teaching.notebook import notebook
+
+    text = assignment(["relu", "gelu"], "homework.ipynb", format="ipynb")
+    document = json.loads(text)
+    assert document["nbformat"] == 4 and document["cells"][0]["cell_type"] == "markdown"
+    code = "\n".join("".join(cell["source"]) for cell in document["cells"]
+                     if cell["cell_type"] == "code")
+    assert code.count("raise NotImplementedError") == 2
+    assert ast.parse(code) and "def gelu_forward" in code
+    report = grade(write(tmp_path, text, "homework.ipynb"))
+    assert [f.function for f in report.functions] == ["relu_backward", "gelu_backward"]
+    assert all("NotImplementedError" in f.first_failure and "(cell " in f.first_failure
+               for f in report.functions)
+    path = write(tmp_path, notebook([
+        ("markdown", "# Alice's homework"),
+        ("code", "%matplotlib inline\n!pip list\nimport numpy as np"),
+        ("code", "def relu_backward(dout, cache):\n    return dout * cache.positive"),
+        ("code", "def silu_backward(dout, cache):\n    x, s = cache\n"
+                 "    raise ValueError('not yet')")]), "alice.ipynb")
+    results = {f.function: f for f in grade(path).functions}
+    assert results["relu_backward"].passed
+    assert results["silu_backward"].first_failure.endswith("ValueError: not yet (cell 4, line 3)")
+
+
+def test_the_notebook_assignment_is_valid_nbformat():
+    nbformat = pytest.importorskip("nbformat")
+    text = assignment(["layernorm"], "homework.ipynb", format="ipynb")
+    nbformat.validate(nbformat.reads(text, as_version=4))
+
+
+def test_a_folder_becomes_a_gradebook_and_gradescope_results(tmp_path, capsys):
+    from numpy_tf.teaching.notebook import notebook
+
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    write(folder, "def relu_backward(dout, cache):\n    return dout * cache.positive\n",
+          "alice.py")
+    write(folder, notebook([("code", "def relu_backward(dout, cache):\n    return dout\n")]),
+          "bob.ipynb")
+    write(folder, "print('I did not do the homework')\n", "carol.py")
+    assert main(["grade", str(folder)]) == 0                  # the CSV on stdout
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(row["student"], row["relu_backward"], row["total"], row["max"]) for row in rows] \
+        == [("alice", "10.0", "10.0", "10.0"), ("bob", rows[1]["relu_backward"],
+                                                  rows[1]["total"], "10.0"),
+            ("carol", "0.0", "0.0", "10.0")]
+    assert 0 < float(rows[1]["total"]) < 10                   # right where x > 0 only
+    assert "defines none of numpy_tf's layer functions" in rows[2]["notes"]
+    book, results = tmp_path / "gradebook.csv", tmp_path / "results"
+    assert main(["grade", str(folder), "--csv", str(book), "--results-json", str(results)]) == 0
+    assert "alice" in capsys.readouterr().out
+    assert list(csv.DictReader(io.StringIO(book.read_text())))[0]["total"] == "10.0"
+    alice = json.loads((results / "alice.json").read_text())
+    assert alice["score"] == 10 and alice["tests"][0]["name"] == "relu_backward"
+    assert alice["tests"][0]["max_score"] == 10 and "cases" in alice["tests"][0]["output"]
+    single = tmp_path / "results.json"
+    assert main(["grade", str(folder / "bob.ipynb"), "--results-json", str(single)]) == 1
+    capsys.readouterr()
+    assert json.loads(single.read_text())["score"] == pytest.approx(float(rows[1]["total"]),
+                                                                   abs=0.01)
+    assert main(["grade", str(folder / "alice.py"), "--csv", str(book)]) == 2
+    assert "--csv" in capsys.readouterr().err

@@ -16,14 +16,14 @@ from pathlib import Path
 
 def notebook(cells: list[tuple[str, str]]) -> str:
     """The text of a .ipynb holding `cells`: (kind "code" or "markdown", source)."""
-    def cell(kind: str, source: str) -> dict:
+    def cell(number: int, kind: str, source: str) -> dict:
         lines = source.splitlines(keepends=True)
-        entry = {"cell_type": kind, "metadata": {}, "source": lines}
+        entry = {"cell_type": kind, "id": f"cell-{number}", "metadata": {}, "source": lines}
         if kind == "code":
             entry.update(execution_count=None, outputs=[])
         return entry
     return json.dumps({
-        "cells": [cell(kind, source) for kind, source in cells],
+        "cells": [cell(number, kind, source) for number, (kind, source) in enumerate(cells)],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
                                     "name": "python3"},
                      "language_info": {"name": "python"}},
