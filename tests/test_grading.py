@@ -128,6 +128,15 @@ def log_softmax_backward(dout, cache):              # changes its input
     dout -= cache.probs * dout.sum(axis=cache.axis, keepdims=True)
     return dout.copy()
 
+def embedding_backward(dout, cache):                # right, then clears the ids it was given
+    ids, vocab, padding_idx = cache
+    dweight = np.zeros((vocab, dout.shape[-1]), dtype=dout.dtype)
+    np.add.at(dweight, ids.reshape(-1), dout.reshape(-1, dout.shape[-1]))
+    if padding_idx is not None:
+        dweight[padding_idx] = 0.0
+    ids[...] = 0
+    return dweight
+
 def rmsnorm_backward(dout, cache):                  # misses the weight's factor in dx
     x_hat, inv_rms, weight = cache
     dx = dout - x_hat * np.mean(dout * x_hat, axis=-1, keepdims=True)
@@ -147,6 +156,7 @@ def rmsnorm_backward(dout, cache):                  # misses the weight's factor
     assert "must return 1 values; got" not in results["softmax_backward"].first_failure
     assert "must be a numpy array; got tuple" in results["softmax_backward"].first_failure
     assert "changed dout in place" in results["log_softmax_backward"].first_failure
+    assert "changed its cache in place" in results["embedding_backward"].first_failure
     rms = results["rmsnorm_backward"]
     assert "no weight" in [c.case for c in rms.cases if c.passed][0]   # right without weight
     assert "dx differs from numpy_tf's" in rms.first_failure

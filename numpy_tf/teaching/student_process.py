@@ -112,12 +112,13 @@ def _encode(value, stream, depth: int = 0) -> dict:
     return {"kind": "other", "type": kind}
 
 
-def _arrays_in(value) -> list:
-    """The ndarrays a cache holds (its fields, one level deep), to check they are unchanged."""
+def _arrays_in(value, depth: int = 0) -> list:
+    """The ndarrays a cache holds (its fields, and the fields of the caches inside it, as
+    SwiGLU's holds Linear's), to check they are unchanged."""
     if isinstance(value, _NDARRAY):
         return [value]
-    if isinstance(value, (tuple, list)):
-        return [item for item in value if isinstance(item, _NDARRAY)]
+    if isinstance(value, (tuple, list)) and depth < 3:
+        return [array for item in value for array in _arrays_in(item, depth + 1)]
     return []
 
 
@@ -222,22 +223,18 @@ class _Runner:
 
     def backward_case(self, spec, function, forward, case: dict, numpy_tf_cache) -> dict:
         cache = numpy_tf_cache
-        delegated = []
-        if forward is not None:
+        if forward is not None:                 # what it enters counts against the forward
             result, error = self.student(_CALL, forward, self.inputs(case),
                                          what="the forward that feeds it")
-            delegated += self.watch.entered
             if error is not None:
-                return {"error": f"the forward that feeds it raised {error}",
-                        "delegated": delegated}
+                return {"error": f"the forward that feeds it raised {error}"}
             if not isinstance(result, tuple) or len(result) != 2:
-                return {"error": "the forward that feeds it must return (out, cache)",
-                        "delegated": delegated}
+                return {"error": "the forward that feeds it must return (out, cache)"}
             cache = result[1]
         dout = _COPY(self.arrays[case["dout"]])
         held = [(array, _TOBYTES(array)) for array in _arrays_in(cache)]
         grads, error = self.student(function, dout, cache, what="backward")
-        delegated += [name for name in self.watch.entered if name not in delegated]
+        delegated = list(self.watch.entered)
         if error is not None:
             return {"error": error, "delegated": delegated}
         returned = _encode(grads, self.results)
