@@ -250,7 +250,7 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
 _ATTENTION_GRID = {"mask": (None, "blocked row", "float"),
                    "padding": (None, "one sequence all padding"),
                    "causal": (False, True), "causal_offset": (0, 2), "scale": (None, 0.7),
-                   "kv_heads": (None, 2)}
+                   "kv_heads": (2,)}           # grouped-query throughout (4 heads, 2 groups)
 GRIDS: dict[str, tuple[tuple, dict]] = {
     "linear": ((2, 3, 4), {"bias": (True, False), "out_features": (1, 5)}),
     "embedding": ((2, 4), {"padding_idx": (None, 0, 5), "repeated": (False, True)}),
