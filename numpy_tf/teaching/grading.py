@@ -511,8 +511,8 @@ class _Child:
 class _Outcome:
     owned: list[str] | None = None
     import_error: str | None = None
-    results: dict = field(default_factory=dict)          # function -> [(case number, event)]
-    faults: dict = field(default_factory=dict)           # function -> message
+    results: dict = field(default_factory=dict)          # function -> its "case" events
+    faults: dict = field(default_factory=dict)           # function -> (message, what ran)
 
 
 def _write_job(job_dir: Path, submission: Submission, candidates: list[str],
@@ -726,10 +726,12 @@ class Gradebook:
                 row[name] = round(scores.get(name, 0.0), 2)
             row["total"] = round(sum(row[name] for name in functions), 2)
             row["max"] = round(sum(possible[name] for name in functions), 2)
-            row["notes"] = report if isinstance(report, str) else "; ".join(
-                f"{f.function}: {f.flag or f.error or 'missing'}" for f in report.functions
-                if f.flag or f.error) + "; ".join(
-                f"{name}: not defined" for name in functions if name not in scores)
+            notes = [report] if isinstance(report, str) else \
+                [f"{f.function}: {f.flag or f.error}" for f in report.functions
+                 if f.flag or f.error]
+            row["notes"] = "; ".join(notes + [f"{name}: not defined" for name in functions
+                                              if name not in scores and
+                                              not isinstance(report, str)])
             rows.append(row)
         return rows
 
