@@ -1,7 +1,9 @@
 """numpy-tf assignment and numpy-tf grade: the skeleton fails, the skeleton with numpy_tf's own
 backward passes, and every way a submission can break is reported per function."""
 import ast
+import csv
 import inspect
+import io
 import json
 import sys
 
@@ -12,7 +14,7 @@ import numpy_tf.layers.norm
 from numpy_tf.cli.commands import main
 from numpy_tf.teaching.assignment import assignment
 from numpy_tf.teaching.grading import grade
-from numpy_tf.teaching.layer_table import LAYERS
+from numpy_tf.teaching.layer_table import LAYERS, grading_cases
 
 
 def solved(skeleton: str) -> str:
@@ -36,18 +38,25 @@ def write(tmp_path, text: str, name: str = "submission.py"):
 def test_the_skeleton_fails_and_the_solved_skeleton_passes_for_every_layer(tmp_path):
     skeleton = assignment(list(LAYERS), "homework.py")
     assert skeleton.count("raise NotImplementedError") == len(LAYERS)
-    report = grade(write(tmp_path, skeleton, "homework.py"))
-    backwards = [f for f in report.functions if f.function.endswith("_backward")]
-    forwards = [f for f in report.functions if f.function.endswith("_forward")]
-    assert len(backwards) == len(forwards) == len(LAYERS)
+    homework = write(tmp_path, skeleton, "homework.py")
+    report = grade(homework)
+    # only the functions the student has to write earn points: the forwards handed out
+    # complete are graded only when asked for
+    assert [f.function for f in report.functions] == [f"{name}_backward" for name in LAYERS]
     assert all(not f.passed and f.points == 0 and "NotImplementedError" in f.first_failure
-               for f in backwards)
+               for f in report.functions)
+    assert report.points == 0
+    forwards = [f for f in grade(homework, forwards=True).functions
+                if f.function.endswith("_forward")]
+    assert len(forwards) == len(LAYERS)
     assert all(f.passed for f in forwards)            # the forwards are numpy_tf's own
     report = grade(write(tmp_path, solved(skeleton), "solved.py"))
     assert report.passed, str(report)
     total = report.to_dict()
-    assert total["points"] == total["possible"] == sum(
-        2 * (len(spec.cases) + 1) for spec in LAYERS.values())
+    assert total["points"] == total["possible"] == 10 * len(LAYERS)
+    # every case in float64 and in float32
+    assert [len(f.cases) for f in report.functions] == \
+        [2 * len(grading_cases(spec)) for spec in LAYERS.values()]
 
 
 def test_the_skeleton_reads_as_homework():
@@ -119,6 +128,15 @@ def log_softmax_backward(dout, cache):              # changes its input
     dout -= cache.probs * dout.sum(axis=cache.axis, keepdims=True)
     return dout.copy()
 
+def embedding_backward(dout, cache):                # right, then clears the ids it was given
+    ids, vocab, padding_idx = cache
+    dweight = np.zeros((vocab, dout.shape[-1]), dtype=dout.dtype)
+    np.add.at(dweight, ids.reshape(-1), dout.reshape(-1, dout.shape[-1]))
+    if padding_idx is not None:
+        dweight[padding_idx] = 0.0
+    ids[...] = 0
+    return dweight
+
 def rmsnorm_backward(dout, cache):                  # misses the weight's factor in dx
     x_hat, inv_rms, weight = cache
     dx = dout - x_hat * np.mean(dout * x_hat, axis=-1, keepdims=True)
@@ -130,12 +148,15 @@ def rmsnorm_backward(dout, cache):                  # misses the weight's factor
     assert not report.passed and not any(f.passed for f in results.values())
     assert "dbias has shape (2, 3, 5); expected (5,)" in results["linear_backward"].first_failure
     assert "dx has dtype float64; expected float32" in results["relu_backward"].first_failure
-    assert results["relu_backward"].points == 3                # the float64 cases pass
+    relu = results["relu_backward"]                             # the float64 cases pass
+    assert [case.passed for case in relu.cases] == [case.dtype == "float64" for case in relu.cases]
+    assert relu.points == relu.possible / 2
     assert "dx is nan at (0, 0, 0)" in results["gelu_backward"].first_failure
     assert "ZeroDivisionError: oops (line 18)" in results["silu_backward"].first_failure
     assert "must return 1 values; got" not in results["softmax_backward"].first_failure
     assert "must be a numpy array; got tuple" in results["softmax_backward"].first_failure
     assert "changed dout in place" in results["log_softmax_backward"].first_failure
+    assert "changed its cache in place" in results["embedding_backward"].first_failure
     rms = results["rmsnorm_backward"]
     assert "no weight" in [c.case for c in rms.cases if c.passed][0]   # right without weight
     assert "dx differs from numpy_tf's" in rms.first_failure
@@ -181,7 +202,7 @@ def test_a_syntax_error_fails_every_function_with_one_message(tmp_path):
     path = write(tmp_path, "import numpy as np\n\ndef layernorm_backward(dout, cache):\n"
                            "    return dout +\n\ndef gelu_forward(x, approximate='none'):\n"
                            "    return x\n")
-    report = grade(path)
+    report = grade(path, forwards=True)
     assert [f.function for f in report.functions] == ["layernorm_backward", "gelu_forward"]
     messages = {f.error for f in report.functions}
     assert len(messages) == 1 and messages.pop().startswith("SyntaxError: invalid syntax "
@@ -236,7 +257,7 @@ def test_grade_and_assignment_commands(tmp_path, capsys):
     homework.write_text(solved(homework.read_text()))
     assert main(["grade", str(homework), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["passed"] and data["points"] == data["possible"] == 2 * (6 + 5)
+    assert data["passed"] and data["points"] == data["possible"] == 2 * 10   # two backwards, 10 each
     assert main(["grade", str(tmp_path / "missing.py")]) == 2
     assert "no such submission file" in capsys.readouterr().err
     assert "numpy_tf_submission" not in " ".join(sys.modules)
@@ -246,7 +267,7 @@ def test_report_text_and_json_agree(tmp_path):
     path = write(tmp_path, "def relu_backward(dout, cache):\n    return dout * cache.positive\n")
     report = grade(path)
     text, data = str(report), report.to_dict()
-    assert report.passed and "relu_backward" in text and "4/4 points" in text
+    assert report.passed and "relu_backward" in text and "10/10 points" in text
     assert data["functions"][0]["cases"][0]["fd_norm_rel_error"] < 1e-8
     assert np.isfinite(json.loads(json.dumps(data))["points"])
 
@@ -274,3 +295,70 @@ def test_an_endless_loop_fails_its_cases_and_the_grader_goes_on(tmp_path):
     report = grade(hangs, time_limit=0.2)
     assert report.functions[0].error.startswith("TimeLimitExceeded: still running after 0.2 s")
     assert main(["grade", str(hangs), "--time-limit", "-1"]) == 2
+
+
+def test_a_notebook_is_handed_out_and_graded_like_a_python_file(tmp_path):
+    """assignment(format="ipynb") writes plain nbformat-4 JSON holding the same code; a
+    notebook is graded by its code cells (magics left out), with messages naming the cell."""
+    from numpy_tf.teaching.notebook import notebook
+
+    text = assignment(["relu", "gelu"], "homework.ipynb", format="ipynb")
+    document = json.loads(text)
+    assert document["nbformat"] == 4 and document["cells"][0]["cell_type"] == "markdown"
+    code = "\n".join("".join(cell["source"]) for cell in document["cells"]
+                     if cell["cell_type"] == "code")
+    assert code.count("raise NotImplementedError") == 2
+    assert ast.parse(code) and "def gelu_forward" in code
+    report = grade(write(tmp_path, text, "homework.ipynb"))
+    assert [f.function for f in report.functions] == ["relu_backward", "gelu_backward"]
+    assert all("NotImplementedError" in f.first_failure and "(cell " in f.first_failure
+               for f in report.functions)
+    path = write(tmp_path, notebook([
+        ("markdown", "# Alice's homework"),
+        ("code", "%matplotlib inline\n!pip list\nimport numpy as np"),
+        ("code", "def relu_backward(dout, cache):\n    return dout * cache.positive"),
+        ("code", "def silu_backward(dout, cache):\n    x, s = cache\n"
+                 "    raise ValueError('not yet')")]), "alice.ipynb")
+    results = {f.function: f for f in grade(path).functions}
+    assert results["relu_backward"].passed
+    assert results["silu_backward"].first_failure.endswith("ValueError: not yet (cell 4, line 3)")
+
+
+def test_the_notebook_assignment_is_valid_nbformat():
+    nbformat = pytest.importorskip("nbformat")
+    text = assignment(["layernorm"], "homework.ipynb", format="ipynb")
+    nbformat.validate(nbformat.reads(text, as_version=4))
+
+
+def test_a_folder_becomes_a_gradebook_and_gradescope_results(tmp_path, capsys):
+    from numpy_tf.teaching.notebook import notebook
+
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    write(folder, "def relu_backward(dout, cache):\n    return dout * cache.positive\n",
+          "alice.py")
+    write(folder, notebook([("code", "def relu_backward(dout, cache):\n    return dout\n")]),
+          "bob.ipynb")
+    write(folder, "print('I did not do the homework')\n", "carol.py")
+    assert main(["grade", str(folder)]) == 0                  # the CSV on stdout
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(row["student"], row["relu_backward"], row["total"], row["max"]) for row in rows] \
+        == [("alice", "10.0", "10.0", "10.0"), ("bob", rows[1]["relu_backward"],
+                                                  rows[1]["total"], "10.0"),
+            ("carol", "0.0", "0.0", "10.0")]
+    assert 0 < float(rows[1]["total"]) < 10                   # right where x > 0 only
+    assert "defines none of numpy_tf's layer functions" in rows[2]["notes"]
+    book, results = tmp_path / "gradebook.csv", tmp_path / "results"
+    assert main(["grade", str(folder), "--csv", str(book), "--results-json", str(results)]) == 0
+    assert "alice" in capsys.readouterr().out
+    assert list(csv.DictReader(io.StringIO(book.read_text())))[0]["total"] == "10.0"
+    alice = json.loads((results / "alice.json").read_text())
+    assert alice["score"] == 10 and alice["tests"][0]["name"] == "relu_backward"
+    assert alice["tests"][0]["max_score"] == 10 and "cases" in alice["tests"][0]["output"]
+    single = tmp_path / "results.json"
+    assert main(["grade", str(folder / "bob.ipynb"), "--results-json", str(single)]) == 1
+    capsys.readouterr()
+    assert json.loads(single.read_text())["score"] == pytest.approx(float(rows[1]["total"]),
+                                                                   abs=0.01)
+    assert main(["grade", str(folder / "alice.py"), "--csv", str(book)]) == 2
+    assert "--csv" in capsys.readouterr().err

@@ -12,9 +12,9 @@
     numpy-tf compare REFERENCE.npz THEIRS.npz [--precision bf16|fp16|fp32] [--json]
         tensor by tensor, and the first tensor in forward order that diverges (with
         --precision: beyond the error budget of that format, measured per tensor)
-    numpy-tf grade SUBMISSION.py [--json]
-        a student's forward/backward functions against numpy_tf's, with points
-    numpy-tf assignment LAYER... -o HOMEWORK.py
+    numpy-tf grade SUBMISSION.py|.ipynb|FOLDER [--json] [--csv GRADEBOOK.csv]
+        a student's backward functions against numpy_tf's, with points (a folder: a gradebook)
+    numpy-tf assignment LAYER... -o HOMEWORK.py|.ipynb
         a skeleton: forwards complete, backwards to write
     numpy-tf explain LAYER [--side-by-side]
         a layer's cache, forward and backward (with its derivation) from the source
@@ -412,29 +412,58 @@ def compare(args) -> int:
 
 
 def grade(args) -> int:
-    from ..teaching.grading import grade as grade_file
+    from ..teaching.grading import (check_time_limit, grade as grade_file, grade_folder,
+                                    write_text_safely)
 
-    if not args.time_limit >= 0:
-        raise UserError(f"--time-limit must be a number of seconds >= 0 (0: no limit); got "
-                        f"{args.time_limit}")
     try:
-        report = grade_file(args.submission, args.time_limit or None)
+        time_limit = check_time_limit(args.time_limit)
+    except ValueError:
+        raise UserError(f"--time-limit must be a finite number of seconds >= 0 (0: no limit); "
+                        f"got {args.time_limit}") from None
+    target = Path(args.submission)
+    try:
+        if target.is_dir():
+            book = grade_folder(target, time_limit, args.forwards)
+            if args.results_json:
+                folder = Path(args.results_json)
+                folder.mkdir(parents=True, exist_ok=True)
+                for student, report in book.reports.items():
+                    if not isinstance(report, str):
+                        write_text_safely(folder / f"{student}.json",
+                                          json.dumps(report.results_json(), indent=2) + "\n")
+            if args.csv:
+                write_text_safely(args.csv, book.csv())
+            if args.json:
+                print(json.dumps(book.to_dict(), indent=1))
+            elif args.csv:
+                print(f"{book}\nwrote the gradebook {args.csv}")
+            else:
+                sys.stdout.write(book.csv())
+            return 0
+        if args.csv:
+            raise UserError("--csv writes the gradebook of a folder; give a folder of "
+                            f"submissions, not the file {target}")
+        report = grade_file(target, time_limit, args.forwards)
     except (OSError, ValueError) as error:
         raise UserError(str(error)) from None
+    if args.results_json:
+        write_text_safely(args.results_json, json.dumps(report.results_json(), indent=2) + "\n")
     return _emit(args, report.passed, report.to_dict(), str(report))
 
 
 def assignment(args) -> int:
     from ..teaching.assignment import assignment as skeleton
+    from ..teaching.grading import write_text_safely
 
     out = Path(args.out)
+    fmt = args.format or ("ipynb" if out.suffix == ".ipynb" else "py")
     if out.exists() and not args.force:
         raise UserError(f"{out} exists; choose another -o or pass --force to overwrite it")
     try:
-        text = skeleton(args.layers, filename=out.name)
+        text = skeleton(args.layers, filename=out.name, format=fmt)
     except ValueError as error:
         raise UserError(str(error)) from None
-    out.write_text(text, encoding="utf-8")
+    write_text_safely(out, text)
     print(f"wrote {out}: write the backward of {', '.join(args.layers)}; then run "
           f"`numpy-tf grade {out}`")
     return 0
@@ -514,16 +543,25 @@ def _tool_parsers(commands) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=compare)
 
-    p = commands.add_parser("grade", help="grade a student's numpy_tf functions")
-    p.add_argument("submission")
+    p = commands.add_parser("grade", help="grade a student's numpy_tf functions (a .py or "
+                            ".ipynb file), or a folder of them into a CSV gradebook")
+    p.add_argument("submission", help="a .py or .ipynb file, or a folder of them")
     p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
                    help="seconds each call into the submission may take (0: no limit)")
+    p.add_argument("--forwards", action="store_true", help="grade the forwards too (an "
+                   "assignment hands them out complete, so by default they earn nothing)")
+    p.add_argument("--csv", metavar="PATH", help="a folder: write the gradebook here "
+                   "(default: print it)")
+    p.add_argument("--results-json", metavar="PATH", help="Gradescope's results.json: this "
+                   "file for one submission; for a folder, a folder of STUDENT.json")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=grade)
 
     p = commands.add_parser("assignment", help="write a homework skeleton for some layers")
     p.add_argument("layers", nargs="+", metavar="LAYER")
     p.add_argument("-o", "--out", required=True)
+    p.add_argument("--format", choices=("py", "ipynb"), default=None,
+                   help="a Python file or a Jupyter notebook (default: from -o's suffix)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(run=assignment)
 

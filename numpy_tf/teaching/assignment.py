@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .layer_table import LAYERS, LayerSpec, layer
+from .notebook import notebook
 
 # every layer's functions and cache: imported from numpy_tf unless the homework asks for them
 _REGISTRY_NAMES = {f"{name}_{kind}" for name in LAYERS for kind in ("forward", "backward")} | \
@@ -78,9 +79,10 @@ def _stub(spec: LayerSpec, source: str) -> str:
         f'    raise NotImplementedError("{spec.name}_backward: derive it, then write it")'
 
 
-def _section(spec: LayerSpec, own: set[str], emitted: set[str], imports: set[str]) -> str:
-    """One layer's part of the skeleton: the helpers it needs that are not emitted yet (in the
-    family file's order), its cache, its forward and its backward stub."""
+def _section(spec: LayerSpec, own: set[str], emitted: set[str], imports: set[str]
+             ) -> tuple[str, str]:
+    """One layer's part of the skeleton: (the helpers it needs that are not emitted yet (in
+    the family file's order), its cache and its forward; its backward stub)."""
     index = _index(spec.module)
     forward, backward = (inspect.getsource(f).strip() for f in (spec.forward, spec.backward))
     cache = index.definitions[spec.cache.__name__][1] if spec.cache else ""
@@ -99,9 +101,9 @@ def _section(spec: LayerSpec, own: set[str], emitted: set[str], imports: set[str
             imports.add(index.imports[name])
     emitted |= set(helpers)
     parts = [source for _, source in sorted(helpers.values())]
-    parts += [part for part in (cache, forward, _stub(spec, backward)) if part]
+    parts += [part for part in (cache, forward) if part]
     title = f"# -- {spec.name} "
-    return title + "-" * (96 - len(title)) + "\n" + "\n\n\n".join(parts)
+    return title + "-" * (96 - len(title)) + "\n" + "\n\n\n".join(parts), _stub(spec, backward)
 
 
 def _import_block(lines: set[str]) -> str:
@@ -116,9 +118,13 @@ def _import_block(lines: set[str]) -> str:
                               for module in order])
 
 
-def assignment(layers: Sequence[str], filename: str = "homework.py") -> str:
+def assignment(layers: Sequence[str], filename: str = "homework.py", format: str = "py") -> str:
     """The text of a homework file for `layers` (names of numpy_tf.teaching.layer_table.LAYERS;
-    an unknown name is a ValueError listing the known ones)."""
+    an unknown name is a ValueError listing the known ones): a Python file (format "py"), or
+    a Jupyter notebook ("ipynb": the same code, a cell for the imports, then for each layer a
+    cell of what is given and a cell to write; `numpy-tf grade` reads either)."""
+    if format not in ("py", "ipynb"):
+        raise ValueError(f"format must be 'py' or 'ipynb'; got {format!r}")
     if not layers:
         raise ValueError(f"name at least one layer; known layers: {', '.join(LAYERS)}")
     specs = list({name: layer(name) for name in layers}.values())
@@ -128,8 +134,8 @@ def assignment(layers: Sequence[str], filename: str = "homework.py") -> str:
     imports: set[str] = set()
     sections = [_section(spec, own, emitted, imports) for spec in specs]
     names = ", ".join(spec.name for spec in specs)
-    header = (
-        f'"""Homework: the backward passes of {names}.\n\n'
+    instructions = (
+        f"Homework: the backward passes of {names}.\n\n"
         f"Written by `numpy-tf assignment {' '.join(spec.name for spec in specs)}` from numpy_tf's "
         "own source.\nEach forward is complete; each `<layer>_backward(dout, cache)` raises "
         "NotImplementedError:\nderive the gradient from the definitions in its docstring and "
@@ -138,7 +144,13 @@ def assignment(layers: Sequence[str], filename: str = "homework.py") -> str:
         "gives.\n\nCheck your work (numpy_tf's own backward and finite differences of its "
         f"forward, on edge cases):\n\n    numpy-tf grade {filename}            "
         "(add --json for a machine-readable report)\n\n"
-        "Read numpy_tf's answer afterwards with `numpy-tf explain <layer>`.\n"
-        '"""\nfrom __future__ import annotations\n\n')
-    return header + _import_block(imports) + "\n\n\n" + \
-        "\n\n\n".join(sections) + "\n"
+        "Read numpy_tf's answer afterwards with `numpy-tf explain <layer>`.\n")
+    preamble = "from __future__ import annotations\n\n" + _import_block(imports)
+    if format == "ipynb":
+        cells = [("markdown", instructions.replace("\n    numpy-tf", "\n    !numpy-tf")),
+                 ("code", preamble)]
+        for given, stub in sections:
+            cells += [("code", given), ("code", stub)]
+        return notebook(cells)
+    return f'"""{instructions}"""\n' + preamble + "\n\n\n" + \
+        "\n\n\n".join(f"{given}\n\n\n{stub}" for given, stub in sections) + "\n"

@@ -39,15 +39,16 @@ def elementwise(g, shape, dtype, scale=1.0, **fixed):
 
 
 def cross_entropy(g, shape, dtype, ignored=0, label_smoothing=0.0, reduction="mean",
-                   scale=1.0):
+                   scale=1.0, ignore_index=-100):
     targets = g.integers(0, shape[-1], shape[:-1])
-    targets.flat[:targets.size if ignored == "all" else ignored] = -100
+    targets.flat[:targets.size if ignored == "all" else ignored] = ignore_index
     return {"logits": normal(g, shape, dtype, scale), "targets": targets,
-            "ignore_index": -100, "label_smoothing": label_smoothing, "reduction": reduction}
+            "ignore_index": ignore_index, "label_smoothing": label_smoothing,
+            "reduction": reduction}
 
 
 def attention(g, shape, dtype, kv_heads=None, keys=None, value_dim=None, causal=False,
-               mask=None, padding=None, dropout_p=0.0):
+               mask=None, padding=None, dropout_p=0.0, causal_offset=0, scale=None):
     batch, heads, queries, width = shape
     groups, keys = kv_heads or heads, keys or queries
     attn_mask = key_padding_mask = None
@@ -63,14 +64,16 @@ def attention(g, shape, dtype, kv_heads=None, keys=None, value_dim=None, causal=
     return {"q": normal(g, shape, dtype), "k": normal(g, (batch, groups, keys, width), dtype),
             "v": normal(g, (batch, groups, keys, value_dim or width), dtype),
             "attn_mask": attn_mask, "key_padding_mask": key_padding_mask, "is_causal": causal,
-            "causal_offset": 0, "dropout_p": dropout_p, "rng": 7, "scale": None}
+            "causal_offset": causal_offset, "dropout_p": dropout_p, "rng": 7, "scale": scale}
 
 
-def flash_attention(g, shape, dtype, block_q=64, block_k=64, causal_offset=0, **options):
-    """attention's inputs (no dropout: FlashAttention's reference has none) and the tiles."""
+def flash_attention(g, shape, dtype, block_q=64, block_k=64, tiles=None, **options):
+    """attention's inputs (no dropout: FlashAttention's reference has none) and the tiles
+    (`tiles` (block_q, block_k) at once)."""
     inputs = attention(g, shape, dtype, **options)
     del inputs["dropout_p"], inputs["rng"]
-    return {**inputs, "causal_offset": causal_offset, "block_q": block_q, "block_k": block_k}
+    block_q, block_k = tiles or (block_q, block_k)
+    return {**inputs, "block_q": block_q, "block_k": block_k}
 
 
 def row_norm(g, shape, dtype, weight=True, bias=True, special_rows=False, eps=1e-5,
@@ -92,11 +95,11 @@ def learned_positions(g, shape, dtype, max_context=6, offset=0):
                                                                dtype), "offset": offset}
 
 
-def rope(g, shape, dtype, interleaved=False, per_batch=False, offset=0):
+def rope(g, shape, dtype, interleaved=False, per_batch=False, offset=0, base=10000.0):
     batch, _, length, _ = shape
-    positions = np.stack([g.permutation(3 * length)[:length] for _ in range(batch)]) \
+    positions = np.stack([offset + g.permutation(3 * length)[:length] for _ in range(batch)]) \
         if per_batch else np.arange(offset, offset + length)
-    return {"x": normal(g, shape, dtype), "positions": positions, "base": 10000.0,
+    return {"x": normal(g, shape, dtype), "positions": positions, "base": base,
             "interleaved": interleaved}
 
 
@@ -108,12 +111,14 @@ def partial_rope(g, shape, dtype, rotary_dim=None, interleaved=False, per_batch=
 
 
 def swiglu(g, shape, dtype, hidden=6, bias=False):
+    """`bias`: True (all three), False (none), or the ones to have, e.g. ("down",)."""
     width = shape[-1]
     inputs = {"x": normal(g, shape, dtype), "gate_weight": normal(g, (hidden, width), dtype),
               "up_weight": normal(g, (hidden, width), dtype),
               "down_weight": normal(g, (width, hidden), dtype)}
     for name, size in (("gate_bias", hidden), ("up_bias", hidden), ("down_bias", width)):
-        inputs[name] = normal(g, (size,), dtype) if bias else None
+        wanted = bias if isinstance(bias, bool) else name[:-len("_bias")] in bias
+        inputs[name] = normal(g, (size,), dtype) if wanted else None
     return inputs
 
 

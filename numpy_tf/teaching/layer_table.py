@@ -14,6 +14,7 @@ time and can be checked numerically.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable
@@ -251,6 +252,60 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "h_n = (1 / 2c) sum_j E[contexts[n, j]], contexts (N, 2c) ids, E (V, D) ->\n"
               "h (N, D). Return dweight (V, D)."),
 ]}
+
+
+# What the grader tries beyond the named edge cases: every combination of these values of a
+# layer's options (its forward's every argument at a non-default value somewhere), at one
+# shape, with inputs large enough that a naive exp overflows (softmax, log_softmax and cross
+# entropy at logits of ~1000, SiLU and the SwiGLU gate at ~500, GELU at ~100).
+_ATTENTION_GRID = {"mask": (None, "blocked row", "float"),
+                   "padding": (None, "one sequence all padding"),
+                   "causal": (False, True), "causal_offset": (0, 2), "scale": (None, 0.7),
+                   "kv_heads": (2,)}           # grouped-query throughout (4 heads, 2 groups)
+GRIDS: dict[str, tuple[tuple, dict]] = {
+    "linear": ((2, 3, 4), {"bias": (True, False), "out_features": (1, 5)}),
+    "embedding": ((2, 4), {"padding_idx": (None, 0, 5), "repeated": (False, True)}),
+    "relu": ((3, 4), {"sign": (None, -1.0, 1.0)}),
+    "gelu": ((3, 5), {"approximate": ("none", "tanh"), "scale": (1.0, 8.0, 100.0)}),
+    "silu": ((3, 5), {"scale": (1.0, 30.0, 500.0)}),
+    "softmax": ((2, 3, 4), {"axis": (-1, 0, 1, -2), "scale": (1.0, 1000.0)}),
+    "log_softmax": ((2, 3, 4), {"axis": (-1, 0, 1, -2), "scale": (1.0, 1000.0)}),
+    "cross_entropy": ((2, 4, 5), {"reduction": ("mean", "sum", "none"),
+                                  "label_smoothing": (0.0, 0.1), "ignored": (0, 3, "all"),
+                                  "ignore_index": (-100, 2), "scale": (1.0, 1000.0)}),
+    "dropout": ((2, 3, 4), {"p": (0.0, 0.3, 0.9), "training": (True, False), "rng": (3,)}),
+    "attention": ((2, 4, 3, 2), {**_ATTENTION_GRID, "keys": (5,), "dropout_p": (0.0, 0.3)}),
+    "flash_attention": ((2, 4, 3, 2), {**_ATTENTION_GRID, "keys": (5,),
+                                       "tiles": ((2, 3), (64, 64))}),
+    "layernorm": ((2, 3, 5), {"weight": (True, False), "bias": (True, False),
+                              "eps": (1e-5, 0.1), "special_rows": (False, True)}),
+    "rmsnorm": ((2, 3, 4), {"weight": (True, False), "eps": (1e-5, 1e-6, 0.1),
+                            "special_rows": (False, True), "rms": (True,)}),
+    "learned_positions": ((2, 3, 4), {"offset": (0, 1, 3)}),
+    "sinusoidal_positions": ((2, 3, 4), {"offset": (0, 7)}),
+    "rope": ((2, 2, 3, 4), {"interleaved": (False, True), "base": (10000.0, 100.0),
+                            "per_batch": (False, True), "offset": (0, 50)}),
+    "swiglu_gate": ((3, 4), {"scale": (1.0, 20.0, 500.0)}),
+    "swiglu": ((2, 3, 4), {"bias": (False, ("gate",), ("up",), ("down",), True),
+                           "hidden": (1, 6)}),
+    "cbow": ((4, 4), {"repeated": (False, True)}),
+}
+
+
+def grading_cases(spec: LayerSpec) -> tuple[EdgeCase, ...]:
+    """The named edge cases, then every combination of GRIDS[spec.name] (named by their
+    options; checked against numpy_tf's backward, which finite differences check on the
+    named cases)."""
+    shape, grid = GRIDS.get(spec.name, (None, {}))
+    combinations = []
+    for values in itertools.product(*grid.values()):
+        options = dict(zip(grid, values))
+        if options.get("causal_offset") and not options.get("causal"):
+            continue                            # the offset only moves the causal mask
+        name = ", ".join(f"{key}={value!r}" for key, value in options.items()
+                         if len(grid[key]) > 1)
+        combinations.append(EdgeCase(name, shape, options, False))
+    return spec.cases + tuple(combinations)
 
 
 def layer(name: str) -> LayerSpec:
