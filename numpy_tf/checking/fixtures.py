@@ -26,6 +26,7 @@ from ..layers.cross_entropy_loss import CrossEntropyLoss, cross_entropy
 from ..layers.embedding import Embedding
 from ..layers.linear import Linear
 from ..layers.mlp import SwiGLU, feedforward
+from ..layers.moe import SparseMoE
 from ..layers.multihead import MultiHeadAttention
 from ..layers.norm import LayerNorm, RMSNorm
 from ..layers.positions import LearnedPositions, SinusoidalPositions
@@ -69,6 +70,9 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
                                       dtype=dtype),
     "feedforward": lambda c, dtype: feedforward(c["width"], c["hidden"], c["activation"],
                                                 c["bias"], dtype=dtype),
+    "sparse_moe": lambda c, dtype: SparseMoE(c["hidden_size"], c["intermediate_size"],
+                                             c["num_local_experts"], c["num_experts_per_tok"],
+                                             dtype=dtype),
 }
 
 def run_optimizer_case(case: Case) -> dict[str, np.ndarray]:
