@@ -116,12 +116,9 @@ def test_load_balancing_gradcheck_drawn(layers, rows, experts, padded, data, see
     logits = _spread_logits(rng, layers, rows, experts, top_k)
     padding = (rng.random(rows) < 0.4) if padded else None
 
-    def forward(**tensors):
-        return load_balancing_loss_forward([tensors[f"z{i}"] for i in range(layers)], top_k,
-                                           padding)
-
-    report = gradcheck(forward, load_balancing_loss_backward,
-                       {f"z{i}": z for i, z in enumerate(logits)}, seed=seed)
+    report = gradcheck(load_balancing_loss_forward, load_balancing_loss_backward,
+                       {"router_logits": np.stack(logits), "top_k": top_k,
+                        "padding_mask": padding}, seed=seed)
     assert report.passed, str(report)
 
 

@@ -242,11 +242,37 @@ class LoadBalancingCache(NamedTuple):
     rows: float                 # R = L sum_t m_t, the rows both averages divide by
 
 
+def _check_router_logits(router_logits, padding_mask):
+    """(the list of (N, E) logits, m (N,): 1 for a real row, 0 for padding), after checking."""
+    if isinstance(router_logits, np.ndarray) and router_logits.ndim == 3:
+        router_logits = list(router_logits)                             # (L, N, E) -> L (N, E)
+    if not isinstance(router_logits, (list, tuple)) or not router_logits:
+        raise ValueError("router_logits must be a non-empty list of (N, E) arrays, one per "
+                         f"layer, or an (L, N, E) array; got {type(router_logits).__name__}")
+    for index, logits in enumerate(router_logits):
+        validate.float_array(f"router_logits[{index}]", logits, ndim=2, shape="(N, E)")
+        if logits.shape != router_logits[0].shape or logits.dtype != router_logits[0].dtype:
+            raise ValueError(f"router_logits[{index}] must have the shape and dtype of "
+                             f"router_logits[0] {router_logits[0].shape} "
+                             f"{router_logits[0].dtype}; got {logits.shape} {logits.dtype}")
+    rows, dtype = router_logits[0].shape[0], router_logits[0].dtype
+    if padding_mask is None:
+        return router_logits, np.ones(rows, dtype=dtype)
+    if not isinstance(padding_mask, np.ndarray) or padding_mask.dtype != bool \
+            or padding_mask.shape != (rows,):
+        raise ValueError(f"padding_mask must be a bool array of shape (N,) = ({rows},), True "
+                         "at padding; got "
+                         f"{getattr(padding_mask, 'dtype', type(padding_mask).__name__)} "
+                         f"{np.shape(padding_mask)}")
+    return router_logits, (~padding_mask).astype(dtype)
+
+
 def load_balancing_loss_forward(router_logits: Sequence[np.ndarray], top_k: int,
                                 padding_mask: np.ndarray | None = None):
     """The Switch Transformer's load-balancing loss over every layer's router logits, as HF's
     load_balancing_loss_func (its aux_loss): router_logits is one (N, E) array per layer (the
-    MoE caches' router_logits, HF's outputs.router_logits), padding_mask (N,) bool is True at
+    MoE caches' router_logits, HF's outputs.router_logits) or their stack (L, N, E),
+    padding_mask (N,) bool is True at
     padding (HF's attention_mask.reshape(-1) == 0; None: every row counts). Returns a 0-d
     array. If every row is padding the loss is 0 with a zero gradient (HF divides by zero).
 
@@ -258,30 +284,9 @@ def load_balancing_loss_forward(router_logits: Sequence[np.ndarray], top_k: int,
 
     Both averages run over every layer at once (HF concatenates the layers' rows): this is
     not the mean of per-layer losses."""
-    if isinstance(router_logits, np.ndarray):
-        router_logits = list(router_logits)
-    if not isinstance(router_logits, (list, tuple)) or not router_logits:
-        raise ValueError("router_logits must be a non-empty list of (N, E) arrays, one per "
-                         f"layer; got {type(router_logits).__name__}")
-    for index, logits in enumerate(router_logits):
-        validate.float_array(f"router_logits[{index}]", logits, ndim=2, shape="(N, E)")
-        if logits.shape != router_logits[0].shape or logits.dtype != router_logits[0].dtype:
-            raise ValueError(f"router_logits[{index}] must have the shape and dtype of "
-                             f"router_logits[0] {router_logits[0].shape} "
-                             f"{router_logits[0].dtype}; got {logits.shape} {logits.dtype}")
-    rows_per_layer, experts = router_logits[0].shape
-    dtype = router_logits[0].dtype
+    router_logits, keep = _check_router_logits(router_logits, padding_mask)   # keep: (N,) m
+    experts, dtype = router_logits[0].shape[1], router_logits[0].dtype
     top_k = check_top_k(top_k, experts)
-    if padding_mask is None:
-        keep = np.ones(rows_per_layer, dtype=dtype)                     # (N,) m
-    else:
-        if not isinstance(padding_mask, np.ndarray) or padding_mask.dtype != bool \
-                or padding_mask.shape != (rows_per_layer,):
-            raise ValueError(f"padding_mask must be a bool array of shape (N,) = "
-                             f"({rows_per_layer},), True at padding; got "
-                             f"{getattr(padding_mask, 'dtype', type(padding_mask).__name__)} "
-                             f"{np.shape(padding_mask)}")
-        keep = (~padding_mask).astype(dtype)                            # (N,) m
     counts = np.zeros(experts, dtype=dtype)                             # (E,) R f
     prob_sums = np.zeros(experts, dtype=dtype)                          # (E,) R P
     rows = dtype.type(0)
@@ -303,7 +308,7 @@ def load_balancing_loss_forward(router_logits: Sequence[np.ndarray], top_k: int,
                                                              float(rows))
 
 
-def load_balancing_loss_backward(dloss, cache: LoadBalancingCache) -> list[np.ndarray]:
+def load_balancing_loss_backward(dloss, cache: LoadBalancingCache) -> np.ndarray:
     """aux = E sum_e f_e P_e (the forward's symbols).
 
     The fractions f_e count top-k choices: they are piecewise constant in the logits (they
@@ -316,11 +321,12 @@ def load_balancing_loss_backward(dloss, cache: LoadBalancingCache) -> list[np.nd
 
         dz_lt = p_lt (dp_lt - <dp_lt, p_lt>)       (softmax_backward)
 
-    Cached: every p_l, m, f and R. Returns one (N, E) gradient per layer, in the forward's
-    order (SparseMoE.backward takes it as drouter_logits)."""
+    Cached: every p_l, m, f and R. Returns dz (L, N, E), one (N, E) gradient per layer in the
+    forward's order (layer l's is SparseMoE.backward's drouter_logits)."""
     if cache.rows == 0:
-        return [np.zeros_like(probs.probs) for probs in cache.probs]
+        return np.zeros((len(cache.probs), *cache.probs[0].probs.shape),
+                        dtype=cache.probs[0].probs.dtype)
     experts = cache.fractions.shape[0]
     scale = float(dloss) * experts / cache.rows
     dprobs = (scale * cache.fractions)[None, :] * cache.keep[:, None]   # (N, E), every layer
-    return [softmax_backward(dprobs, probs) for probs in cache.probs]
+    return np.stack([softmax_backward(dprobs, probs) for probs in cache.probs])  # (L, N, E)
