@@ -2,6 +2,7 @@
 (bert.py), the encoder-decoder (encoder_decoder/), CBOW word vectors (cbow.py); the losses a
 model is trained with (objectives.py), exact parameter counts from configs (accounting.py), and
 the registry of families and presets every tool and command reads (registry.py).
+Mixtral (mixtral.py) is Llama's decoder with a sparse mixture of experts.
 Models import layers and the core, never training, generation, interop or the tools."""
 from .accounting import Accounting, account, count_parameters, parameter_breakdown
 from .bert import Bert, BertConfig, BertEmbeddings, MaskedLMHead
@@ -10,4 +11,5 @@ from .encoder_decoder import (Seq2Seq, Seq2SeqConfig, Transformer, TransformerDe
                               TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
 from .gpt import GPT, DecoderBlock, GPTConfig
 from .llama import Llama, LlamaConfig, LlamaDecoderLayer
+from .mixtral import Mixtral, MixtralConfig, MixtralDecoderLayer, MixtralLoss
 from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss, TargetLoss, shifted_targets
