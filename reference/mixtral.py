@@ -5,7 +5,8 @@ MixtralConfigs with random weights (never downloaded), and its sparse mixture-of
 Model cases: top-2 of 4 experts with grouped-query heads and the auxiliary loss; top-1 of 4
 with one key/value head and a tied head; top-2 with right padding (a pad_token_id, the
 auxiliary loss over the real tokens only); top-3 of 4 without output_router_logits (the loss is
-the cross-entropy alone, HF's default). Each case holds the logits, HF's loss and every
+the cross-entropy alone, HF's default) and with a sliding_window of 9, the length of its ids
+(HF's window lets query i see key j when i - j < 9: every earlier key). Each case holds the logits, HF's loss and every
 parameter gradient of it (the router's included). The loss is HF's
 `loss` of MixtralForCausalLM with labels and output_router_logits:
 
@@ -65,7 +66,8 @@ CASES = [
     ("mixtral_top2_padded", 112, {"num_key_value_heads": 2, "pad_token_id": 0,
                                   "router_aux_loss_coef": 0.05,
                                   "output_router_logits": True}, True),
-    ("mixtral_top3_no_aux", 113, {"num_key_value_heads": 4, "num_experts_per_tok": 3}, False),
+    ("mixtral_top3_no_aux", 113, {"num_key_value_heads": 4, "num_experts_per_tok": 3,
+                                  "sliding_window": 9}, False),
 ]
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
              num_attention_heads=4, num_local_experts=4, max_position_embeddings=16,

@@ -360,7 +360,7 @@ def test_transformers_reads_the_hub_layout_as_numpy_tf_does(tmp_path):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"sliding_window": 4096}, "sliding_window=4096 is not implemented for Mixtral"),
+    ({"sliding_window": 0}, "sliding_window must be a positive integer; got 0"),
     ({"router_jitter_noise": 0.1}, "router_jitter_noise=0.1 is not implemented"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}},
      "rope_parameters has rope_type 'yarn': scaled RoPE is not implemented for Mixtral"),
@@ -379,14 +379,33 @@ def test_unsupported_configs_are_refused(changes, message):
         interop.from_hf(dict(config, **changes), state)
 
 
+def test_a_sliding_window_is_refused_only_where_it_would_hide_a_key():
+    """HF lets query i see key j when i - j < sliding_window: within sliding_window positions
+    that is every earlier key (the fixture mixtral_top3_no_aux has a window of 9, its length,
+    and agrees with HF); past it numpy_tf refuses, also through the KV cache."""
+    config, state = _case("mixtral_top3_no_aux_float64")
+    assert config["sliding_window"] == 9
+    model = interop.from_hf(config, state)
+    unwindowed = interop.from_hf(dict(config, sliding_window=None), state)
+    ids = _ids(30, 2, 9, vocab=32)
+    np.testing.assert_array_equal(model.forward(ids)[0], unwindowed.forward(ids)[0])
+    with pytest.raises(ValueError, match=r"sliding_window=9 is not implemented beyond its "
+                                         r"reach: this call spans 10 positions"):
+        model.forward(_ids(31, 1, 10, vocab=32))
+    _, cache = model.forward(ids[:, :6])
+    model.forward(ids[:, 6:], past_kv=cache.present)                # 6 + 3 = 9: allowed
+    with pytest.raises(ValueError, match="this call spans 10 positions"):
+        model.forward(_ids(32, 2, 4, vocab=32), past_kv=cache.present)
+
+
 def test_bad_config_refusals():
     with pytest.raises(ValueError, match=r"num_experts_per_tok \(3\) must be at most "
                                          r"num_local_experts \(2\)"):
         MixtralConfig(num_local_experts=2, num_experts_per_tok=3)
     with pytest.raises(ValueError, match="num_experts_per_tok must be a positive integer"):
         MixtralConfig(num_experts_per_tok=-1)
-    with pytest.raises(ValueError, match="sliding_window=16 is not implemented"):
-        MixtralConfig(sliding_window=16)
+    with pytest.raises(ValueError, match="sliding_window must be a positive integer; got -4"):
+        MixtralConfig(sliding_window=-4)
     with pytest.raises(TypeError, match="output_router_logits must be True or False"):
         MixtralConfig(output_router_logits=1)
     with pytest.raises(TypeError, match="config must be a MixtralConfig"):

@@ -52,15 +52,11 @@ def _rope_theta(config: Mapping) -> float:
 
 def mixtral_config(config: Mapping) -> MixtralConfig:
     """numpy_tf's MixtralConfig for a Hugging Face MixtralConfig dict; refuses, by name, what
-    numpy_tf lacks: a sliding window, a scaled RoPE, an activation other than silu, router
-    jitter noise."""
+    numpy_tf lacks: a scaled RoPE, an activation other than silu, router jitter noise. A
+    sliding_window is kept: the model refuses an input longer than it (MixtralConfig)."""
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {config['hidden_act']!r} is not implemented (numpy_tf's "
                          "Mixtral experts are SwiGLU: hidden_act 'silu')")
-    if config.get("sliding_window") is not None:
-        raise ValueError(f"sliding_window={config['sliding_window']!r} is not implemented for "
-                         "Mixtral (numpy_tf's Mixtral attends to every earlier position: "
-                         "sliding_window null)")
     if config.get("router_jitter_noise") or 0.0:
         raise ValueError(f"router_jitter_noise={config['router_jitter_noise']!r} is not "
                          "implemented: HF multiplies the router's input by uniform noise in "
@@ -84,7 +80,7 @@ def mixtral_config(config: Mapping) -> MixtralConfig:
         tie_word_embeddings=config.get("tie_word_embeddings", False),
         max_position_embeddings=config.get("max_position_embeddings", 4096 * 32),
         attention_dropout=config.get("attention_dropout") or 0.0,
-        pad_token_id=config.get("pad_token_id"),
+        sliding_window=config.get("sliding_window"), pad_token_id=config.get("pad_token_id"),
         initializer_range=config.get("initializer_range", 0.02))
 
 
