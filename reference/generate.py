@@ -29,6 +29,7 @@ import cbow  # noqa: E402
 import feedforward  # noqa: E402
 import gpt  # noqa: E402
 import llama  # noqa: E402
+import mixtral  # noqa: E402
 import layers  # noqa: E402
 import neox  # noqa: E402
 import norm  # noqa: E402
@@ -38,7 +39,7 @@ import rope  # noqa: E402
 import transformer  # noqa: E402
 
 FAMILIES = [layers, norm, positions, rope, attention, feedforward, optim, gpt, cbow, llama,
-            transformer, bert, neox]
+            transformer, bert, neox, mixtral]
 
 
 def main(argv=None) -> int:

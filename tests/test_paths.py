@@ -17,10 +17,12 @@ import numpy_tf
 from numpy_tf import (CBOW, GPT, Bert, BertConfig, GPTConfig, GPTNeoX, Llama, LlamaConfig,
                       NeoXConfig, Seq2Seq, Seq2SeqConfig, Transformer, reference_path)
 from numpy_tf.core import kernels_enabled
+from numpy_tf.models.mixtral import Mixtral, MixtralConfig
 
 # Measured (logits / worst gradient, float32 then float64): GPT tiny 2 / 4.25, 1 / 4.75;
-# GPT-2 layout 2 / 4, 3 / 3; Llama 1 / 4, 2 / 7.25; GPT-NeoX 3 / 7, 3 / 9; BERT 1.5 / 4, 1.5 / 4; Transformer
-# 2.5 / 6, 3 / 11; Seq2Seq 3.25 / 7, 4 / 9.875; CBOW 0 / 0 (bit for bit) in both dtypes.
+# GPT-2 layout 2 / 4, 3 / 3; Llama 1 / 4, 2 / 7.25; GPT-NeoX 3 / 7, 3 / 9; BERT 1.5 / 4, 1.5 / 4;
+# Transformer 2.5 / 6, 3 / 11; Seq2Seq 3.25 / 7, 4 / 9.875; CBOW 0 / 0 (bit for bit) in both
+# dtypes; Mixtral 3 / 11, 2.5 / 10.5.
 MODEL_ULPS = 32
 
 
@@ -83,6 +85,14 @@ def _neox(dtype):
     return model, (ids,), {"key_padding_mask": padding}
 
 
+def _mixtral(dtype):
+    config = MixtralConfig(vocab_size=48, hidden_size=32, intermediate_size=20,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                           num_experts_per_tok=2, initializer_range=0.2)
+    model = Mixtral(config, rng=8, dtype=dtype)
+    return model, (np.random.default_rng(7).integers(0, 48, (2, 7)),), {}
+
+
 def _bert(dtype):
     model = Bert(BertConfig(), rng=4, dtype=dtype)
     ids = np.random.default_rng(3).integers(1, 32, (2, 9))
@@ -112,8 +122,8 @@ def _cbow(dtype):
 
 
 FAMILIES = {"GPT (tiny)": _gpt, "GPT-2 layout": _gpt2, "Llama (GQA)": _llama,
-            "GPT-NeoX": _neox, "BERT": _bert,
-            "Transformer": _transformer, "Seq2Seq": _seq2seq, "CBOW": _cbow}
+            "GPT-NeoX": _neox, "BERT": _bert, "Transformer": _transformer, "Seq2Seq": _seq2seq,
+            "CBOW": _cbow, "Mixtral": _mixtral}
 
 
 def _run(build, dtype, forward_reference: bool, backward_reference: bool):

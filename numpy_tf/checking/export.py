@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -51,6 +52,7 @@ from ..models.encoder_decoder.seq2seq import Seq2Seq
 from ..models.gpt import GPT
 from ..models.llama import Llama
 from ..models.neox import GPTNeoX
+from ..models.mixtral import Mixtral
 from ..models.objectives import MaskedLMLoss
 from ..text.datasets import mask_tokens, reverse_digits
 from .case_file import Case
@@ -75,6 +77,12 @@ MASKED_LM_LOSS = {
     "definition": "mean over the (b, t) whose labels[b, t] is not -100 of -log softmax(logits"
                   "[b, t])[labels[b, t]] (HF BertForMaskedLM's labels= loss); 0.0 with zero "
                   "gradients if no label is given"}
+MIXTRAL_LOSS = {
+    "name": "next_token_cross_entropy_plus_router_aux", "ignore_index": -100,
+    "definition": NEXT_TOKEN_LOSS["definition"] + "; plus router_aux_loss_coef times the "
+                  "load-balancing loss (meta conventions auxiliary_loss) when the config's "
+                  "output_router_logits is true: HF MixtralForCausalLM's loss with labels and "
+                  "output_router_logits"}
 KEYWORD_INPUTS = ("key_padding_mask", "src_key_padding_mask", "tgt_key_padding_mask",
                   "token_type_ids")
 LINEAR_LAYOUT = "(out_features, in_features), y = x W^T + b"
@@ -204,6 +212,30 @@ def _neox_conventions(model: GPTNeoX) -> dict:
     }
 
 
+def _mixtral_conventions(model: Mixtral) -> dict:
+    c = model.config
+    aux = (f"the loss adds router_aux_loss_coef ({c.router_aux_loss_coef:g}) times the "
+           "load-balancing loss" if c.output_router_logits else "output_router_logits is "
+           "false: the loss is the cross-entropy alone")
+    return {
+        **_llama_conventions(SimpleNamespace(config=c.llama_config())),  # the same attention
+        "model": "ids -> embed_tokens -> layers -> norm -> lm_head (Linear, no bias) = logits; "
+                 "names are HF MixtralForCausalLM's (transformers 5) without the `model.` "
+                 "prefix",
+        "mlp": f"sparse mixture of {c.num_local_experts} SwiGLU experts, "
+               f"{c.num_experts_per_tok} per token: router logits z = mlp.gate(x) (E), p = "
+               "softmax(z) over every expert, the top-k of p (largest first), weights p[S] / "
+               "sum p[S]; y = sum_j w_j down_e(silu(gate_e x) * up_e x) with "
+               "mlp.experts.gate_up_proj[e] = [gate_e; up_e] (E, 2F, C) and "
+               "mlp.experts.down_proj[e] (E, C, F); act/layers.i.mlp is y",
+        "auxiliary_loss": "aux = E sum_e f_e P_e over every layer's rows at once: f_e the share "
+                          "of the real tokens' top-k choices that went to e, P_e the mean "
+                          "router probability of e over the real tokens (HF "
+                          "load_balancing_loss_func with the attention_mask); " + aux,
+        "biases": "none",
+    }
+
+
 def _digit_inputs(model: Seq2Seq, g: np.random.Generator, batch: int, length: int | None,
                   pad: int) -> dict:
     """The digit-reversal task (numpy_tf.data.reverse_digits): `batch` strings of random
@@ -316,6 +348,9 @@ EXPORTS: dict[str, ModelExport] = {
     "llama": ModelExport(default="llama-tiny", inputs=_lm_inputs,
                          conventions=_llama_conventions, loss=NEXT_TOKEN_LOSS,
                          width=lambda model: model.config.hidden_size),
+    "mixtral": ModelExport(default="mixtral-tiny", inputs=_lm_inputs,
+                           conventions=_mixtral_conventions, loss=MIXTRAL_LOSS,
+                           width=lambda model: model.config.hidden_size),
     "bert": ModelExport(default="bert-tiny", inputs=_mlm_inputs, conventions=_bert_conventions,
                         loss=MASKED_LM_LOSS, width=lambda model: model.config.hidden_size,
                         objective=_MaskedLM),

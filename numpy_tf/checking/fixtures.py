@@ -26,6 +26,7 @@ from ..layers.cross_entropy_loss import CrossEntropyLoss, cross_entropy
 from ..layers.embedding import Embedding
 from ..layers.linear import Linear
 from ..layers.mlp import SwiGLU, feedforward
+from ..layers.moe import SparseMoE
 from ..layers.multihead import MultiHeadAttention
 from ..layers.neox_attention import NeoXAttention
 from ..layers.norm import LayerNorm, RMSNorm
@@ -73,6 +74,9 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
                                       dtype=dtype),
     "feedforward": lambda c, dtype: feedforward(c["width"], c["hidden"], c["activation"],
                                                 c["bias"], dtype=dtype),
+    "sparse_moe": lambda c, dtype: SparseMoE(c["hidden_size"], c["intermediate_size"],
+                                             c["num_local_experts"], c["num_experts_per_tok"],
+                                             dtype=dtype),
 }
 
 def run_optimizer_case(case: Case) -> dict[str, np.ndarray]:
@@ -188,7 +192,7 @@ def _seq2seq_inputs(case: Case):
 # registry family name -> case -> (positional, keyword) inputs of the family's objective
 MODEL_INPUTS: dict[str, Callable[[Case], tuple[tuple, dict]]] = {
     "gpt": _lm_inputs, "llama": _lm_inputs, "bert": _lm_inputs, "seq2seq": _seq2seq_inputs,
-    "neox": _lm_inputs}
+    "neox": _lm_inputs, "mixtral": _lm_inputs}
 
 
 def model_case_family(kind: str):

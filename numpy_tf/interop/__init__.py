@@ -1,5 +1,5 @@
 """Exact converters between numpy_tf and other projects' layouts: Hugging Face checkpoints
-(hf.py, hf_bert.py), torch.nn modules (torch_modules.py), the name tables they share
+(hf.py, hf_bert.py, hf_mixtral.py), torch.nn modules (torch_modules.py), the name tables they share
 (layout.py), and the pretrained SmolLM2 GGUF file (pretrained.py).
 
     model = interop.from_hf(config, state_dict, dtype=np.float64)
@@ -12,5 +12,6 @@
 from .hf import (config_from_hf, from_hf, gpt2_config, gpt2_layout, llama_config, llama_layout,
                  to_hf)
 from .hf_bert import bert_config, bert_layout
+from .hf_mixtral import hub_layout, mixtral_config, mixtral_layout
 from .layout import Layout
 from .torch_modules import from_torch, to_torch, torch_equivalent, torch_kwargs

@@ -27,6 +27,7 @@ from ..models.gpt import GPTConfig
 from ..models.llama import LlamaConfig
 from .hf_bert import bert_buffer, bert_config, bert_layout
 from .hf_neox import neox_buffer, neox_config, neox_layout, neox_ties
+from .hf_mixtral import mixtral_buffer, mixtral_config, mixtral_layout
 from .layout import Layout
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -239,4 +240,9 @@ HF_FAMILIES = {family.name: family for family in [
         ignored=_llama_buffer),
     HFFamily("neox", config=neox_config, layout=lambda config: neox_layout(neox_config(config)),
              ties=neox_ties, ignored=neox_buffer),
+    HFFamily(
+        "mixtral", config=mixtral_config, layout=mixtral_layout,
+        ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
+        if config.get("tie_word_embeddings", False) else [],
+        ignored=mixtral_buffer),
 ]}

@@ -14,6 +14,8 @@ from .flash_attention import (FlashAttentionCache, flash_attention_backward,
                               flash_decoding)
 from .linear import Linear, linear_backward, linear_forward
 from .mlp import SwiGLU, feedforward, swiglu_backward, swiglu_forward
+from .moe import (SparseMoE, load_balancing_loss_backward, load_balancing_loss_forward,
+                  moe_backward, moe_forward)
 from .multihead import FusedAttention, MultiHeadAttention, TorchMultiheadAttention
 from .neox_attention import NeoXAttention
 from .norm import (LayerNorm, RMSNorm, layernorm_backward, layernorm_forward, rmsnorm_backward,

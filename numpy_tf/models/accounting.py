@@ -393,6 +393,88 @@ def neox_hf_config(config) -> dict:
     return {"model_type": "gpt_neox", **{name: getattr(config, name) for name in names},
             "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
                                 "partial_rotary_factor": config.rotary_pct}}
+# -- Mixtral: Llama's attention and norms, a router and E SwiGLU experts per layer -----------
+@dataclass(frozen=True)
+class MoEAccounting(Accounting):
+    """An Accounting of a mixture-of-experts model: `experts_row` names the row of every
+    layer's experts, of which a token uses `experts_per_token` of `experts`."""
+    experts: int = 1                # E
+    experts_per_token: int = 1      # k
+    experts_row: str = ""
+
+    @property
+    def active(self) -> int:
+        """The parameters one token's forward runs through: everything but the E - k experts
+        each layer leaves out (the embedding counted whole, as published figures count it)."""
+        row = next(row for row in self.rows if row.name == self.experts_row)
+        return self.total - row.total // self.experts * (self.experts - self.experts_per_token)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "experts": self.experts,
+                "experts_per_token": self.experts_per_token, "active": self.active}
+
+    def __str__(self) -> str:
+        return (f"{super().__str__()}\nactive per token: {self.active:,} ({self.experts_per_token}"
+                f" of {self.experts} experts in each layer)")
+
+
+def _mixtral(model, prefix, vocab, d, inner, layers, heads, kv_heads, head_dim, tied, experts,
+             top_k) -> MoEAccounting:
+    query, key_value = heads * head_dim, kv_heads * head_dim
+    rows = (
+        Row(f"{prefix}embed_tokens", "V·d", vocab * d),
+        Row(f"{prefix}layers.N.input_layernorm", "d", d, layers),
+        Row(f"{prefix}layers.N.self_attn", "d·H·hd + 2·d·KV·hd + H·hd·d",
+            2 * d * query + 2 * d * key_value, layers),
+        Row(f"{prefix}layers.N.post_attention_layernorm", "d", d, layers),
+        Row(f"{prefix}layers.N.mlp.gate", "E·d", experts * d, layers),
+        Row(f"{prefix}layers.N.mlp.experts", "3·E·d·I", 3 * experts * d * inner, layers),
+        Row(f"{prefix}norm", "d", d),
+        Row("lm_head", "tied: 0" if tied else "V·d", 0 if tied else vocab * d))
+    stack = Stack("block", "L", f"{prefix}layers.N.", layers, "(4·d² + 3·E·d·I)",
+                  4 * d * d + 3 * experts * d * inner)
+    return MoEAccounting("mixtral", model, rows, tied, d, layers, vocab, stacks=(stack,),
+                         experts=experts, experts_per_token=top_k,
+                         experts_row=f"{prefix}layers.N.mlp.experts")
+
+
+def count_mixtral(config) -> MoEAccounting:
+    """A numpy_tf MixtralConfig (it validates itself), numpy_tf's names; its
+    num_parameters and active_parameters are this count's total and active."""
+    return _mixtral("numpy_tf Mixtral", "", config.vocab_size, config.hidden_size,
+                    config.intermediate_size, config.num_hidden_layers,
+                    config.num_attention_heads, config.kv_heads, config.head_width,
+                    config.tie_word_embeddings, config.num_local_experts,
+                    config.num_experts_per_tok)
+
+
+def count_mixtral_hf(config: dict) -> MoEAccounting:
+    """An HF mixtral config.json, MixtralForCausalLM's names (transformers 5's layout, whose
+    counts the hub's per-expert w1 / w2 / w3 share)."""
+    keys = _Keys(config, "mixtral config")
+    vocab, d, inner = keys.int("vocab_size"), keys.int("hidden_size"), \
+        keys.int("intermediate_size")
+    layers, heads = keys.int("num_hidden_layers"), keys.int("num_attention_heads")
+    kv_heads = keys.int("num_key_value_heads", heads)
+    head_dim = keys.int("head_dim", d // heads if d % heads == 0 else None)
+    experts, top_k = keys.int("num_local_experts", 8), keys.int("num_experts_per_tok", 2)
+    if top_k > experts:
+        raise ValueError(f"mixtral config num_experts_per_tok ({top_k}) must be at most "
+                         f"num_local_experts ({experts})")
+    return _mixtral("MixtralForCausalLM", "model.", vocab, d, inner, layers, heads, kv_heads,
+                    head_dim, keys.flag("tie_word_embeddings", False), experts, top_k)
+
+
+def mixtral_hf_config(config) -> dict:
+    """The HF mixtral config.json of a MixtralConfig (interop.mixtral_config reads it back)."""
+    names = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "num_local_experts", "num_experts_per_tok",
+             "router_aux_loss_coef", "output_router_logits", "rms_norm_eps",
+             "tie_word_embeddings", "max_position_embeddings", "attention_dropout",
+             "sliding_window", "pad_token_id", "initializer_range")
+    return {"model_type": "mixtral", **{name: getattr(config, name) for name in names},
+            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+            "num_key_value_heads": config.kv_heads, "head_dim": config.head_width}
 
 
 # -- BERT: counted as HF's BertForMaskedLM (numpy_tf's Bert holds exactly its parameters) ------

@@ -9,6 +9,7 @@ families and presets up here, by one set of names:
                                                                    char-gpt
     llama     LlamaConfig    Llama        llama                    smollm2-135m, llama-2-7b,
                                                                    llama-tiny
+    mixtral   MixtralConfig  Mixtral      mixtral                  mixtral-8x7b, mixtral-tiny
     bert      BertConfig     Bert         bert                     bert-base-uncased, bert-tiny
     seq2seq   Seq2SeqConfig  Seq2Seq      - (torch.nn.Transformer) seq2seq-tiny, seq2seq-digits,
                                                                    transformer-base
@@ -65,14 +66,16 @@ from typing import Any, Callable, Mapping
 from ..text.tokenizers import ByteTokenizer
 from .accounting import (TORCH_TRANSFORMER, bert_hf_config, count_bert, count_bert_hf,
                          count_gpt, count_gpt2_hf, count_llama, count_llama_hf,
-                         count_neox, count_neox_hf, count_seq2seq, count_torch_transformer,
-                         gpt2_hf_config, llama_hf_config, neox_hf_config,
+                         count_mixtral, count_mixtral_hf, count_neox, count_neox_hf,
+                         count_seq2seq, count_torch_transformer, gpt2_hf_config,
+                         llama_hf_config, mixtral_hf_config, neox_hf_config,
                          torch_transformer_config)
 from .bert import Bert, BertConfig
 from .cbow import CBOW
 from .encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
 from .gpt import GPT, GPTConfig
 from .llama import Llama, LlamaConfig
+from .mixtral import Mixtral, MixtralConfig, MixtralLoss
 from .neox import GPTNeoX, NeoXConfig
 from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss
 
@@ -372,5 +375,19 @@ for _preset in [
         dropout=0.1, scale_embeddings=True), "the base model of Attention Is All You Need "
         "(torch.nn.Transformer()'s defaults); numpy-tf params counts its layer stacks as "
         "torch.nn.Transformer, 44,140,544", torch=True),
+]:
+    register_preset(_preset)
+
+register_family(Family(
+    "mixtral", "Mixtral: Llama's attention with a sparse mixture of SwiGLU experts", Mixtral,
+    MixtralConfig, MixtralLoss, hf_model_types=("mixtral",), count=count_mixtral,
+    count_hf=count_mixtral_hf, hf_config=mixtral_hf_config))
+for _preset in [
+    Preset("mixtral-8x7b", "mixtral", MixtralConfig.mixtral_8x7b(), "Mixtral-8x7B's shape "
+           "(mistralai/Mixtral-8x7B-v0.1): 46,702,792,704 parameters, 12,879,925,248 active "
+           "per token", hf=True),
+    Preset("mixtral-tiny", "mixtral", MixtralConfig(num_key_value_heads=2,
+                                                    output_router_logits=True),
+           "a toy Mixtral: 4 experts, 2 per token, two key/value heads, the auxiliary loss on"),
 ]:
     register_preset(_preset)

@@ -122,6 +122,38 @@ def swiglu(g, shape, dtype, hidden=6, bias=False):
     return inputs
 
 
+def _top_k_margin(logits, top_k) -> float:
+    """The smallest gap between a row's k-th and (k+1)-th largest logit (inf for k = E)."""
+    if top_k == logits.shape[-1]:
+        return np.inf
+    ordered = -np.sort(-logits.reshape(-1, logits.shape[-1]), axis=-1)
+    return float((ordered[:, top_k - 1] - ordered[:, top_k]).min())
+
+
+def moe(g, shape, dtype, experts=4, top_k=2, hidden=3):
+    """Redrawn until every token's top-k router logits lead the rest by 0.01: the routing is
+    piecewise constant, and finite differences are meaningless across a tie."""
+    width = shape[-1]
+    while True:
+        x, router = g.standard_normal(shape), g.standard_normal((experts, width))
+        if _top_k_margin(x @ router.T, top_k) >= 0.01:
+            break
+    return {"x": x.astype(dtype), "router_weight": router.astype(dtype),
+            "gate_weights": normal(g, (experts, hidden, width), dtype),
+            "up_weights": normal(g, (experts, hidden, width), dtype),
+            "down_weights": normal(g, (experts, width, hidden), dtype), "top_k": top_k}
+
+
+def load_balancing_loss(g, shape, dtype, top_k=2, padded=False):
+    """Router logits (L, N, E), redrawn until every row's top-k lead by 0.01 (as moe)."""
+    while True:
+        logits = g.standard_normal(shape) * 2.0
+        if min(_top_k_margin(z, top_k) for z in logits) >= 0.01:
+            break
+    padding = np.arange(shape[1]) % 3 == 2 if padded else None
+    return {"router_logits": logits.astype(dtype), "top_k": top_k, "padding_mask": padding}
+
+
 def cbow(g, shape, dtype, vocab=7, dim=3, repeated=False):
     contexts = g.integers(0, vocab, shape)
     if repeated:

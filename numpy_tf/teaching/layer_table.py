@@ -23,7 +23,7 @@ import numpy as np
 
 from ..checking.finite_differences import GradcheckReport, gradcheck
 from ..layers import (activations, attention, cross_entropy_loss, dropout, embedding,
-                      flash_attention, linear, mlp, norm, positions, rope, softmax)
+                      flash_attention, linear, mlp, moe, norm, positions, rope, softmax)
 from ..models import cbow
 from . import layer_inputs as draw
 
@@ -245,6 +245,27 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               "W_gate, W_up (F, C), W_down (C, F), optional biases (F,), (F,), (C,).\n"
               "Return (dx, dgate_weight, dup_weight, ddown_weight, dgate_bias, dup_bias,\n"
               "ddown_bias); a bias gradient is None where the forward had no bias."),
+    LayerSpec("moe", moe, moe.MoECache,
+              ("x", "router_weight", "gate_weights", "up_weights", "down_weights"), draw.moe,
+              "x (..., C)",
+              (_case("x (2, 3, 4), top-2 of 4 experts", (2, 3, 4)),
+               _case("top-1", (2, 3, 4), top_k=1),
+               _case("every expert (top-k = E)", (3, 4), experts=3, top_k=3),
+               _case("one token", (1, 3))),
+              "z = W_router x (E), p = softmax(z), S = the top_k experts of largest p,\n"
+              "w_j = p[S_j] / sum_i p[S_i], y = sum_j w_j SwiGLU_{S_j}(x) with\n"
+              "SwiGLU_e(x) = W_down[e] (silu(W_gate[e] x) * (W_up[e] x)); W_router (E, C),\n"
+              "W_gate, W_up (E, F, C), W_down (E, C, F). S is piecewise constant (no\n"
+              "gradient). Return (dx, drouter_weight, dgate_weights, dup_weights,\n"
+              "ddown_weights)."),
+    LayerSpec("load_balancing_loss", moe, moe.LoadBalancingCache, ("router_logits",),
+              draw.load_balancing_loss, "router_logits (L, N, E)",
+              (_case("3 layers, 5 tokens, top-2 of 4", (3, 5, 4)),
+               _case("padding", (2, 6, 4), padded=True),
+               _case("top-1, one layer", (1, 4, 3), top_k=1)),
+              "m_t = 0 at padding, else 1; R = L sum_t m_t; p_lt = softmax(z_lt);\n"
+              "f_e = sum_{l,t} m_t [e in top_k(p_lt)] / R (no gradient);\n"
+              "P_e = sum_{l,t} m_t p_lte / R; aux = E sum_e f_e P_e. Return dz (L, N, E)."),
     LayerSpec("cbow", cbow, cbow.CBOWMeanCache, ("weight",), draw.cbow, "contexts (N, 2c)",
               (_case("4 rows of 4 context words", (4, 4)),
                _case("a word twice in each context", (3, 4), repeated=True),
