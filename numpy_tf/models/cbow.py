@@ -76,6 +76,8 @@ class CBOW(Module):
     def __init__(self, vocab_size: int, dim: int, *, rng: np.random.Generator | int = 0,
                  dtype=np.float64):
         super().__init__(dtype)
+        vocab_size = validate.positive_int("vocab_size", vocab_size)
+        dim = validate.positive_int("dim", dim)
         rng = np.random.default_rng(rng)
         self.embeddings = Embedding(vocab_size, dim, rng=rng, dtype=dtype)
         self.output = Linear(dim, vocab_size, rng=rng, dtype=dtype)

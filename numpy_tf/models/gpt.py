@@ -50,6 +50,18 @@ class GPTConfig:
     init_std: float = 0.02
     dropout: float = 0.0
 
+    def __post_init__(self):
+        integer, flag = validate.positive_int, validate.flag
+        validate.config_fields(self, {
+            "vocab_size": integer, "max_context": integer, "width": integer, "heads": integer,
+            "layers": integer, "hidden": validate.optional(integer),
+            "attention_bias": flag, "ffn_bias": flag, "norm_first": flag, "tied": flag,
+            "activation": validate.one_of("gelu", "gelu_tanh", "relu"),
+            "norm_eps": validate.positive_float, "init_std": validate.bounded(low=0.0),
+            "dropout": validate.bounded(0.0, 1.0, high_open=True)})
+        if self.width % self.heads:
+            raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads})")
+
     @classmethod
     def tiny(cls, **changes) -> "GPTConfig":
         """The 7,232-parameter Pre-LN GPT: vocab 20, max_context 8, width 16, 4 heads, 2 layers
@@ -143,6 +155,8 @@ class GPT(Module):
     def __init__(self, config: GPTConfig = GPTConfig(), *, rng: np.random.Generator | int = 0,
                  dtype=np.float64):
         super().__init__(dtype)
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
         rng = np.random.default_rng(rng)
         self.config = config
         c = config

@@ -60,9 +60,15 @@ class LlamaConfig:
     initializer_range: float = 0.02
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "max_position_embeddings"):
-            validate.positive_int(name, getattr(self, name))
+        integer, flag = validate.positive_int, validate.flag
+        validate.config_fields(self, {
+            "vocab_size": integer, "hidden_size": integer, "intermediate_size": integer,
+            "num_hidden_layers": integer, "num_attention_heads": integer,
+            "num_key_value_heads": validate.optional(integer),
+            "head_dim": validate.optional(integer), "max_position_embeddings": integer,
+            "tie_word_embeddings": flag, "attention_bias": flag, "mlp_bias": flag,
+            "attention_dropout": validate.bounded(0.0, 1.0, high_open=True),
+            "initializer_range": validate.bounded(low=0.0)})
         heads, kv_heads = self.num_attention_heads, self.kv_heads
         validate.positive_int("num_key_value_heads", kv_heads)
         if heads % kv_heads:
@@ -74,11 +80,10 @@ class LlamaConfig:
                              f"num_attention_heads ({heads}), or give head_dim")
         validate.even_positive_int("head_dim", self.head_width, "RoPE rotates pairs of "
                                    "features")
-        validate.positive_float("rms_norm_eps", self.rms_norm_eps)
-        validate.positive_float("rope_theta", self.rope_theta)
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id must be None or in [0, {self.vocab_size}); got "
-                             f"{self.pad_token_id!r}")
+        validate.config_fields(self, {
+            "rms_norm_eps": validate.positive_float, "rope_theta": validate.positive_float,
+            "pad_token_id": lambda name, value: validate.optional_index(
+                name, value, self.vocab_size, "a row of the vocabulary")})
 
     @property
     def kv_heads(self) -> int:

@@ -47,6 +47,7 @@ from ...layers.linear import Linear, LinearCache
 from ...layers.positions import SinusoidalPositions
 from ...text.datasets import DIGIT_VOCAB_SIZE
 from ..resize import check_new_size, normal, resize_embedding, resize_head, uniform
+from .layers import ACTIVATIONS
 from .transformer import DecoderCache, StackCache, Transformer
 
 
@@ -69,15 +70,24 @@ class Seq2SeqConfig:
     final_norms: bool = True            # the stacks' final LayerNorms (torch always has them)
 
     def __post_init__(self):
-        validate.flag("final_norms", self.final_norms)
-        validate.positive_int("tgt_vocab_size", self.tgt_vocab_size)
+        integer, flag = validate.positive_int, validate.flag
+        validate.config_fields(self, {
+            "final_norms": flag, "tgt_vocab_size": integer,
+            "src_vocab_size": validate.optional(integer),
+            "src_features": validate.optional(integer), "d_model": integer, "nhead": integer,
+            "num_encoder_layers": integer, "num_decoder_layers": integer,
+            "dim_feedforward": integer, "dropout": validate.bounded(0.0, 1.0, high_open=True),
+            "activation": validate.one_of(*ACTIVATIONS),
+            "layer_norm_eps": validate.positive_float, "norm_first": flag, "bias": flag,
+            "scale_embeddings": flag})
+        if self.d_model % self.nhead:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead "
+                             f"({self.nhead})")
         if self.src_features is None:
             if self.src_vocab_size is None:
                 raise ValueError("Seq2SeqConfig needs src_vocab_size (the source is token ids) "
                                  "or src_features (the source is feature vectors); got neither")
-            validate.positive_int("src_vocab_size", self.src_vocab_size)
         else:
-            validate.positive_int("src_features", self.src_features)
             if self.src_vocab_size is not None:
                 raise ValueError(f"Seq2SeqConfig with src_features={self.src_features} reads "
                                  "feature vectors, so the source has no vocabulary: give "
