@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..core import validate
 from ..core.module import Module
 from ..optim import AdamW, clip_grad_norm, decay_groups, grads_finite
 from ..optim.optimizer import Optimizer
@@ -38,6 +39,8 @@ class TrainingStopped(RuntimeError):
 
 @dataclass
 class TrainSettings:
+    """What a run does; every field is checked when the settings are made (a number must be
+    finite, a count an integer: NumPy integers are accepted, a bool or 2.7 is not)."""
     steps: int = 1000
     batch_size: int = 16
     lr: float = 3e-3
@@ -52,7 +55,17 @@ class TrainSettings:
     seed: int = 0
 
     def __post_init__(self):
-        self.betas = tuple(self.betas)
+        count, positive = validate.non_negative_int, validate.positive_int
+        validate.config_fields(self, {
+            "steps": positive, "batch_size": positive, "lr": validate.bounded(low=0.0),
+            "warmup": count, "weight_decay": validate.bounded(low=0.0),
+            "clip": validate.bounded(low=0.0), "eval_every": count, "log_every": positive,
+            "checkpoint_every": count, "seed": count})
+        validate.config_fields(self, {"min_lr": validate.bounded(0.0, self.lr)})
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2); got {self.betas!r}")
+        self.betas = tuple(validate.number(f"betas[{i}]", beta, low=0.0, high=1.0,
+                                           high_open=True) for i, beta in enumerate(self.betas))
 
 
 def make_optimizer(model: Module, settings: TrainSettings) -> Optimizer:
