@@ -243,6 +243,55 @@ def over_defaults(name: str, given, defaults) -> dict:
     return {**defaults, **given}
 
 
+def kind_of(value) -> str:
+    """How a message names what it got: a NamedTuple by its class, a plain tuple by its length."""
+    if isinstance(value, tuple) and type(value) is not tuple:
+        return f"a {type(value).__name__}"
+    if isinstance(value, tuple):
+        return f"a plain tuple of {len(value)} items"
+    return f"a {type(value).__name__}"
+
+
+def gradient(name: str, value, shape: tuple, dtype: np.dtype, layer: str = "the forward"):
+    """An upstream gradient (`dout`): a real float ndarray of exactly `shape` and `dtype`, those
+    of `layer`'s output. Another dtype is refused, not cast (a float64 dout would turn a float32
+    layer's gradients into float64); so is a complex one, and one of the right size whose axes
+    are in another order. A 0-d output (a loss) also takes a Python or NumPy real number."""
+    if type(value) is np.ndarray and value.dtype == dtype and value.shape == shape:
+        return value
+    if shape == () and isinstance(value, (int, float, np.integer, np.floating)) \
+            and not isinstance(value, (bool, np.bool_)):
+        return value
+    output = f"{layer}'s output"
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array of the shape {shape} and dtype "
+                        f"{np.dtype(dtype)} of {output}; got {type(value).__name__}")
+    if value.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a real float array of the dtype of {output} "
+                        f"{np.dtype(dtype)}; got dtype {value.dtype}")
+    if value.shape != shape:
+        raise ValueError(f"{name} must have the shape of {output} {shape}; got {value.shape}")
+    if value.dtype != dtype:
+        raise TypeError(f"{name} must have the dtype of {output} {np.dtype(dtype)}; got "
+                        f"{value.dtype} (numpy_tf never casts a gradient: convert it)")
+    return value
+
+
+def backward_inputs(dout, cache, kind: type, name: str = "dout"):
+    """The check that opens every backward: `cache` is a `kind` (the NamedTuple the matching
+    forward returned, or a subclass of it), and `dout` is what `gradient` accepts for that
+    forward's output, whose (shape, dtype) the cache gives as `cache.output_spec`. In the
+    usual case that is one isinstance and three comparisons. Messages name the layer by its
+    cache (GELUCache: "GELU's output")."""
+    if not isinstance(cache, kind):
+        raise TypeError(f"cache must be the {kind.__name__} its forward returned; got "
+                        f"{kind_of(cache)}")
+    shape, dtype = cache.output_spec
+    if type(dout) is np.ndarray and dout.dtype == dtype and dout.shape == shape:
+        return dout
+    return gradient(name, dout, shape, dtype, kind.__name__.removesuffix("Cache"))
+
+
 # -- the edges of models, training and sampling ---------------------------------------------------
 def optional_index(name: str, value, size: int, what: str = "") -> int | None:
     """None, or an integer id in [0, size) (a padding or special token of a vocabulary of
@@ -257,50 +306,27 @@ def optional_index(name: str, value, size: int, what: str = "") -> int | None:
     return int(value)
 
 
-def output_gradient(name: str, grad, shape: tuple, dtype, of: str = "the output") -> np.ndarray:
-    """The upstream gradient of an output: a real float ndarray of exactly the output's
-    `shape` and `dtype`. Any other shape is refused, never broadcast or reshaped (a (T, B, V)
-    or (B*T, V) gradient of (B, T, V) logits holds the right number of values in the wrong
-    places)."""
-    if not isinstance(grad, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array (the gradient of {of}); got "
-                        f"{type(grad).__name__}")
-    if grad.dtype != dtype:
-        raise TypeError(f"{name} must have the dtype of {of}, {np.dtype(dtype)}; got dtype "
-                        f"{grad.dtype}")
-    if grad.shape != tuple(shape):
-        raise ValueError(f"{name} must have the shape of {of}, {tuple(shape)}; got "
-                         f"{grad.shape}")
-    return grad
-
-
-def cache_of(name: str, cache, kind: type, producer: str):
-    """`cache` must be the `kind` (a NamedTuple) that `producer` returned (a layer's cache,
-    another model's, or a plain tuple is refused)."""
-    if not isinstance(cache, kind):
-        raise TypeError(f"{name} must be the {kind.__name__} that {producer} returned; got "
-                        f"{type(cache).__name__}")
-    return cache
-
-
 def kv_cache(name: str, pair, *, batch: int, heads: int, head_dim: int, dtype,
-             length: int | None = None) -> int:
-    """One attention layer's KV cache: a pair (k, v) of float arrays of `dtype`, each
+             length: int | None = None, legend: str = "B, H, P, d") -> int:
+    """One attention layer's KV cache: a pair (k, v) of arrays of `dtype`, each
     (B, heads, P, head_dim) with the same P (and P == `length` when given, so that every
     layer of a model holds the same positions). Returns P."""
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
         raise TypeError(f"{name} must be a pair (k, v) (the `present` of an earlier call); "
-                        f"got {type(pair).__name__}")
+                        f"got {kind_of(pair)}")
     for part, array in zip("kv", pair):
-        float_array(f"{name}.{part}", array, ndim=4, shape="(B, heads, P, head_dim)")
-        if array.dtype != dtype:
-            raise TypeError(f"{name}.{part} must have the model's dtype {np.dtype(dtype)}; "
-                            f"got dtype {array.dtype}")
+        if not isinstance(array, np.ndarray) or array.ndim != 4:
+            raise ValueError(f"{name} must be (k, v), each of shape ({legend}); got {part} "
+                             f"{type(array).__name__} of shape {np.shape(array)}")
         past = length if length is not None else array.shape[2]
         expected = (batch, heads, past, head_dim)
         if array.shape != expected:
-            raise ValueError(f"{name}.{part} must have shape (B, heads, P, head_dim) = "
-                             f"{expected}; got {array.shape}")
+            raise ValueError(f"{name} must be (k, v), each of shape ({legend}) = {expected}: "
+                             f"the `present` of an earlier call; got {part} of shape "
+                             f"{array.shape}")
+        if array.dtype != dtype:
+            raise TypeError(f"{name}.{part} must have the model's dtype {np.dtype(dtype)}; "
+                            f"got dtype {array.dtype}")
         length = past
     return length
 

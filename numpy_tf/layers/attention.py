@@ -123,7 +123,9 @@ def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_m
 def masked_softmax(scores: np.ndarray) -> np.ndarray:
     """softmax over the last axis of scores holding -inf where blocked, in place; a row with
     every entry -inf becomes all zeros (its max is -inf: shift by 0 instead, every exp is 0,
-    and the zero sum is divided by 1)."""
+    and the zero sum is divided by 1). With no keys at all (Tk = 0) there is nothing to do."""
+    if scores.shape[-1] == 0:
+        return scores
     row_max = np.maximum.reduce(scores, axis=-1, keepdims=True)
     finite = np.isfinite(row_max)
     if not finite.all():                        # only fully blocked rows (or NaN input)

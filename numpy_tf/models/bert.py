@@ -47,6 +47,7 @@ from ..layers.linear import Linear, LinearCache
 from ..layers.multihead import TorchMultiheadAttention
 from ..layers.norm import LayerNorm, LayerNormCache
 from ..layers.positions import LearnedPositions, LearnedPositionsCache
+from . import checks
 from .encoder_decoder.layers import ACTIVATIONS, TransformerEncoderLayer
 from .encoder_decoder.transformer import StackCache, TransformerEncoder
 from .resize import check_new_size, normal, resize_embedding, resize_head, zeros
@@ -198,11 +199,20 @@ class EncodeCache(NamedTuple):
     embeddings: EmbeddingsCache     # ids -> x (B, T, C)
     encoder: StackCache             # x -> hidden (B, T, C): every layer, then the final norm
 
+    @property
+    def output_spec(self):          # the (shape, dtype) of hidden (B, T, C): dhidden's
+        x_hat = self.embeddings.norm.x_hat  # (B, T, C): the embeddings' normalised sum
+        return x_hat.shape, x_hat.dtype
+
 
 class BertCache(NamedTuple):
     encode: EncodeCache             # ids -> hidden
     mlm_head: MaskedLMHeadCache     # hidden -> logits (B, T, V)
     hidden: np.ndarray              # (B, T, C) the encoder's output, for whoever wants it
+
+    @property
+    def output_spec(self):          # the (shape, dtype) of the logits: dlogits's
+        return checks.head_spec(self.mlm_head.decoder)
 
 
 class Bert(Module):
@@ -295,7 +305,9 @@ class Bert(Module):
         return hidden, EncodeCache(embeddings, encoder)
 
     def encode_backward(self, dhidden, cache: EncodeCache) -> None:
-        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        """The forward in exact reverse; returns None (integer ids have no gradient).
+        dhidden must have exactly the hidden states' shape (B, T, C) and dtype."""
+        validate.backward_inputs(dhidden, cache, EncodeCache, "dhidden")
         dx = self.encoder.backward(dhidden, cache.encoder)          # hidden = encoder(x)
         self.embeddings.backward(dx, cache.embeddings)              # x = embeddings(ids)
 
@@ -307,7 +319,9 @@ class Bert(Module):
         return logits, BertCache(encode, mlm_head, hidden)
 
     def backward(self, dlogits, cache: BertCache):
-        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        """The forward in exact reverse; returns None (integer ids have no gradient).
+        dlogits must have exactly the logits' shape (B, T, V) and dtype."""
+        validate.backward_inputs(dlogits, cache, BertCache, "dlogits")
         dhidden = self.mlm_head.backward(dlogits, cache.mlm_head)   # logits = mlm_head(hidden)
         self.encode_backward(dhidden, cache.encode)                 # hidden = encode(ids)
         return None

@@ -46,6 +46,7 @@ from ...layers.embedding import Embedding, EmbeddingCache
 from ...layers.linear import Linear, LinearCache
 from ...layers.positions import SinusoidalPositions
 from ...text.datasets import DIGIT_VOCAB_SIZE
+from .. import checks
 from ..resize import check_new_size, normal, resize_embedding, resize_head, uniform
 from .layers import ACTIVATIONS
 from .transformer import DecoderCache, StackCache, Transformer
@@ -112,6 +113,7 @@ class EmbedCache(NamedTuple):
 class EncodeCache(NamedTuple):
     embedding: EmbedCache   # src -> x (B, S, C)
     encoder: StackCache     # x -> memory (B, S, C)
+    output_spec: tuple      # the memory's (shape, dtype): dmemory's
 
 
 class DecodeCache(NamedTuple):
@@ -121,10 +123,18 @@ class DecodeCache(NamedTuple):
     present: list           # per decoder layer, the self-attention KVCache: the next past_kv
     cross_kv: list          # per decoder layer, the memory's KVCache: the next static_kv
 
+    @property
+    def output_spec(self):  # the (shape, dtype) of the logits: dlogits's
+        return checks.head_spec(self.output)
+
 
 class Seq2SeqCache(NamedTuple):
     encode: EncodeCache     # src -> memory
     decode: DecodeCache     # tgt_ids, memory -> logits
+
+    @property
+    def output_spec(self):  # the (shape, dtype) of the logits: dlogits's
+        return self.decode.output_spec
 
 
 class Seq2Seq(Module):
@@ -224,11 +234,13 @@ class Seq2Seq(Module):
             x, embedding = self._project(src)                       # (B, S, C)
         memory, encoder = self.transformer.encoder.forward(x, None, src_key_padding_mask,
                                                            None, rng)  # (B, S, C)
-        return memory, EncodeCache(embedding, encoder)
+        return memory, EncodeCache(embedding, encoder, (memory.shape, memory.dtype))
 
     def encode_backward(self, dmemory, cache: EncodeCache):
         """The encoder side in exact reverse; returns dsrc (B, S, F) for feature inputs, None
-        for ids (integers have no gradient)."""
+        for ids (integers have no gradient). dmemory must have exactly the memory's shape
+        (B, S, C) and dtype."""
+        validate.backward_inputs(dmemory, cache, EncodeCache, "dmemory")
         dx = self.transformer.encoder.backward(dmemory, cache.encoder)  # memory = encoder(x)
         if self.config.src_features is not None:
             return self._project_backward(dx, cache.embedding)      # x = project(src)
@@ -240,8 +252,14 @@ class Seq2Seq(Module):
         """tgt_ids (B, T) at positions P .. P + T - 1 (P = the past_kv length) -> (logits
         (B, T, V), DecodeCache). With static_kv, memory is None; tgt_key_padding_mask covers
         the P + T positions."""
+        c = self.config
         validate.integer_array("tgt_ids", tgt_ids, ndim=2, shape="(B, T)")
-        offset = 0 if past_kv is None else past_kv[0][0].shape[2]
+        validate.ids_in_range("tgt_ids", tgt_ids, c.tgt_vocab_size)
+        heads = dict(batch=tgt_ids.shape[0], heads=c.nhead, head_dim=c.d_model // c.nhead,
+                     dtype=self.dtype)
+        offset = checks.past_kv(past_kv, c.num_decoder_layers, **heads)
+        checks.past_kv(static_kv, c.num_decoder_layers, **heads, legend="B, H, S, d",
+                       name="static_kv")
         y, embedding = self._embed(self.tgt_embedding, tgt_ids, offset)  # (B, T, C)
         h, decoder = self.transformer.decoder.forward(
             y, memory, None, None, tgt_key_padding_mask, src_key_padding_mask,
@@ -251,7 +269,9 @@ class Seq2Seq(Module):
                                    decoder.cross_kv)
 
     def decode_backward(self, dlogits, cache: DecodeCache):
-        """Returns dmemory (None when static_kv stood for the memory)."""
+        """Returns dmemory (None when static_kv stood for the memory). dlogits must have
+        exactly the logits' shape (B, T, V) and dtype."""
+        validate.backward_inputs(dlogits, cache, DecodeCache, "dlogits")
         dh = self.output.backward(dlogits, cache.output)            # logits = output(h)
         dy, dmemory = self.transformer.decoder.backward(dh, cache.decoder)  # h = decoder(y, memory)
         self._embed_backward(self.tgt_embedding, dy, cache.embedding)  # y = embed(tgt_ids)
@@ -277,5 +297,6 @@ class Seq2Seq(Module):
     def backward(self, dlogits, cache: Seq2SeqCache):
         """The forward in exact reverse: the decoder side, then the encoder with the memory's
         gradient. Returns dsrc for feature inputs, None for ids (integers have no gradient)."""
+        validate.backward_inputs(dlogits, cache, Seq2SeqCache, "dlogits")
         dmemory = self.decode_backward(dlogits, cache.decode)       # logits = decode(tgt, memory)
         return self.encode_backward(dmemory, cache.encode)          # memory = encode(src)

@@ -156,6 +156,7 @@ class TransformerDecoder(_Stack):
 class TransformerCache(NamedTuple):
     encoder: StackCache         # src -> memory (B, S, C)
     decoder: DecoderCache       # tgt, memory -> out (B, T, C)
+    output_spec: tuple          # the output's (shape, dtype), (B, T, C) or (T, B, C): dout's
 
 
 class Transformer(Module):
@@ -219,11 +220,13 @@ class Transformer(Module):
         out, decoder = self.decoder.forward(tgt, memory, tgt_mask, memory_mask,
                                             tgt_key_padding_mask, memory_key_padding_mask,
                                             tgt_is_causal, memory_is_causal, rng)  # (B, T, C)
-        return out, TransformerCache(encoder, decoder)
+        return out, TransformerCache(encoder, decoder, (out.shape, out.dtype))
 
     def backward(self, dout, cache: TransformerCache):
         """The decoder in reverse gives dtgt and the memory's gradient (summed over the decoder
-        layers); the encoder in reverse turns the latter into dsrc."""
+        layers); the encoder in reverse turns the latter into dsrc. dout must have exactly
+        the output's shape and dtype."""
+        validate.backward_inputs(dout, cache, TransformerCache)
         dtgt, dmemory = self.decoder.backward(dout, cache.decoder)  # out = decoder(tgt, memory)
         dsrc = self.encoder.backward(dmemory, cache.encoder)        # memory = encoder(src)
         return dsrc, dtgt
