@@ -129,6 +129,16 @@ def test_resume_continues_the_run_bit_for_bit(tmp_path, text, capsys, dtype):
     np.testing.assert_array_equal(history[:, keep], b.arrays["history"][:, keep])
 
 
+def test_resume_continues_the_encoder_decoder_run_bit_for_bit(tmp_path, capsys):
+    common = ["train", "--task", "reverse-digits", "--config", "seq2seq-tiny", "--steps", "3",
+              "--log-every", "50"]
+    assert main([*common, "--out", str(tmp_path / "straight")]) == 0
+    assert main([*common, "--until", "1", "--out", str(tmp_path / "halves")]) == 0
+    assert main(["train", "--resume", str(tmp_path / "halves" / "checkpoint.npz")]) == 0
+    straight = _losses(tmp_path / "straight" / "history.csv")
+    assert len(straight) == 3 and _losses(tmp_path / "halves" / "history.csv") == straight
+
+
 def test_resume_mistakes_are_one_line(tmp_path, text, capsys):
     out = tmp_path / "run"
     assert main(_train(text, out, "--steps", "4", "--until", "2")) == 0
@@ -162,3 +172,16 @@ def test_resume_mistakes_are_one_line(tmp_path, text, capsys):
 def test_sample_usage_mistakes_are_one_line(tmp_path, capsys, arguments, message):
     assert main(["sample", str(tmp_path / "x.npz"), "--prompt", "a", *arguments]) == 2
     _one_line(capsys, "numpy-tf sample: ", message)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--batch", "0"], "--batch must be a positive integer; got 0"),
+    (["--seed", "-1"], "--seed must be a non-negative integer; got -1"),
+    (["--pad", "-1"], "--pad must be a non-negative integer; got -1"),
+    (["--set", "layers=-1"], "layers must be a positive integer; got -1"),
+    (["--set", "init_std=NaN"], "init_std must be a number in [0, inf); got nan")])
+def test_export_usage_mistakes_are_one_line(tmp_path, capsys, arguments, message):
+    out = tmp_path / "case.npz"
+    assert main(["export", "--model", "tiny-gpt", *arguments, "-o", str(out)]) == 2
+    _one_line(capsys, "numpy-tf export: ", message)
+    assert not out.exists()

@@ -99,6 +99,12 @@ def test_a_config_names_the_field_not_an_inner_argument():
         Seq2SeqConfig(d_model=10)
     with pytest.raises(TypeError, match="^config must be a GPTConfig; got dict$"):
         GPT({"vocab_size": 5})
+    small = dict(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                 dim_feedforward=8)
+    for name, value in [("num_encoder_layers", 0), ("num_decoder_layers", 1.5),
+                        ("dropout", math.inf), ("layer_norm_eps", math.inf), ("d_model", 0)]:
+        with pytest.raises(ValueError, match=rf"^{name} must be a"):
+            Transformer(**{**small, name: value})
 
 
 @FEW

@@ -525,6 +525,9 @@ def _overrides(pairs: list[str]) -> dict:
 def export(args) -> int:
     from ..checking.export import export_case
 
+    _usage(validate.non_negative_int, "--seed", args.seed)
+    _usage(validate.positive_int, "--batch", args.batch)
+    _usage(validate.non_negative_int, "--pad", args.pad)
     try:
         case = export_case(args.model, args.config, _overrides(args.set),
                            seed=args.seed, dtype=args.dtype, batch=args.batch,

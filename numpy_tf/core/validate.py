@@ -277,15 +277,20 @@ def gradient(name: str, value, shape: tuple, dtype: np.dtype, layer: str = "the 
     return value
 
 
+def cache_kind(cache, kind: type) -> None:
+    """`cache` is a `kind`: the NamedTuple the matching forward returned (or a subclass)."""
+    if not isinstance(cache, kind):
+        raise TypeError(f"cache must be the {kind.__name__} its forward returned; got "
+                        f"{kind_of(cache)}")
+
+
 def backward_inputs(dout, cache, kind: type, name: str = "dout"):
     """The check that opens every backward: `cache` is a `kind` (the NamedTuple the matching
     forward returned, or a subclass of it), and `dout` is what `gradient` accepts for that
     forward's output, whose (shape, dtype) the cache gives as `cache.output_spec`. In the
     usual case that is one isinstance and three comparisons. Messages name the layer by its
     cache (GELUCache: "GELU's output")."""
-    if not isinstance(cache, kind):
-        raise TypeError(f"cache must be the {kind.__name__} its forward returned; got "
-                        f"{kind_of(cache)}")
+    cache_kind(cache, kind)
     shape, dtype = cache.output_spec
     if type(dout) is np.ndarray and dout.dtype == dtype and dout.shape == shape:
         return dout

@@ -113,7 +113,11 @@ class EmbedCache(NamedTuple):
 class EncodeCache(NamedTuple):
     embedding: EmbedCache   # src -> x (B, S, C)
     encoder: StackCache     # x -> memory (B, S, C)
-    output_spec: tuple      # the memory's (shape, dtype): dmemory's
+    memory: np.ndarray      # (B, S, C) the encoder's output (the array returned, not a copy)
+
+    @property
+    def output_spec(self):  # the (shape, dtype) of the memory: dmemory's
+        return self.memory.shape, self.memory.dtype
 
 
 class DecodeCache(NamedTuple):
@@ -234,7 +238,7 @@ class Seq2Seq(Module):
             x, embedding = self._project(src)                       # (B, S, C)
         memory, encoder = self.transformer.encoder.forward(x, None, src_key_padding_mask,
                                                            None, rng)  # (B, S, C)
-        return memory, EncodeCache(embedding, encoder, (memory.shape, memory.dtype))
+        return memory, EncodeCache(embedding, encoder, memory)
 
     def encode_backward(self, dmemory, cache: EncodeCache):
         """The encoder side in exact reverse; returns dsrc (B, S, F) for feature inputs, None
