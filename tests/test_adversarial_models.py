@@ -426,6 +426,14 @@ def test_sampling_refuses_a_row_of_minus_inf_and_never_draws_a_blocked_token(bat
         sample_next(logits, rng, temperature)
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, np.float32(1e-45)])
+def test_a_tiny_temperature_is_greedy_not_nan(temperature):
+    logits = np.array([[3.0, 1e300, -np.inf, 2.0], [-1e300, 0.0, 1.0, 0.5]])
+    probs = sampling_probabilities(logits, temperature)
+    np.testing.assert_array_equal(probs, [[0, 1, 0, 0], [0, 0, 1, 0]])
+    assert np.array_equal(sample_next(logits, np.random.default_rng(0), temperature), [1, 2])
+
+
 def test_sampling_takes_numpy_scalars_and_refuses_what_is_not_a_setting():
     rng = np.random.default_rng(0)
     logits = np.log(np.array([[0.5, 0.3, 0.2]]))

@@ -1,7 +1,9 @@
 """Sampling the next token from a row of logits z (one row per sequence):
 
     temperature 0         greedy: argmax z
-    temperature t > 0     p = softmax(z / t)
+    temperature t > 0     p = softmax(z / t), computed as softmax((z - max z) / t): the same
+                          numbers, and a tiny t tends to greedy (z / t would overflow to
+                          inf - inf = NaN)
     top_k = k             only the k largest logits keep their probability
     top_p = p             only the smallest set of most probable tokens whose probability
                           reaches p (never empty: the most probable token always stays)
@@ -64,7 +66,8 @@ def sampling_probabilities(logits: np.ndarray, temperature: float = 1.0,
         probs = np.zeros_like(z)
         probs[np.arange(len(z)), z.argmax(axis=-1)] = 1.0
         return probs
-    z = z / float(temperature)
+    with np.errstate(over="ignore"):        # a tiny t: the best logit 0, the others -inf
+        z = (z - z.max(axis=-1, keepdims=True)) / float(temperature)
     if top_k is not None and top_k < z.shape[-1]:
         kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]   # the k-th largest
         z = np.where(z >= kth, z, -np.inf)
