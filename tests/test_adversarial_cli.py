@@ -139,6 +139,35 @@ def test_resume_continues_the_encoder_decoder_run_bit_for_bit(tmp_path, capsys):
     assert len(straight) == 3 and _losses(tmp_path / "halves" / "history.csv") == straight
 
 
+def test_an_interrupted_run_saved_every_tenth_continues_bit_for_bit(tmp_path, text, capsys,
+                                                                   monkeypatch):
+    """Ctrl-C during step 5 of 10: one line, exit status 130, and the checkpoint of step 4
+    (train saves every tenth of the run) continues to the same history as a run that was
+    never interrupted."""
+    from numpy_tf.training.trainer import Trainer
+
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert main(_train(text, straight, "--steps", "10")) == 0
+    step = Trainer.train_step
+
+    def interrupted(self):
+        if self.step == 4:
+            raise KeyboardInterrupt
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_status:
+        main(_train(text, stopped, "--steps", "10"))
+    assert exit_status.value.code == 130
+    _one_line(capsys, "numpy-tf train: interrupted at step 4; continue from step 4 with "
+              f"numpy-tf train --resume {stopped / 'checkpoint.npz'}")
+    monkeypatch.setattr(Trainer, "train_step", step)
+    assert main(["train", "--resume", str(stopped / "checkpoint.npz"), "--sample-tokens",
+                 "0"]) == 0
+    assert _losses(stopped / "history.csv") == _losses(straight / "history.csv")
+
+
 def test_resume_mistakes_are_one_line(tmp_path, text, capsys):
     out = tmp_path / "run"
     assert main(_train(text, out, "--steps", "4", "--until", "2")) == 0

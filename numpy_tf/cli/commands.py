@@ -238,6 +238,13 @@ def _run(trainer, until) -> None:
         trainer.run(until)
     except TrainingStopped as error:
         raise UserError(f"{error} (a smaller --lr may help)") from None
+    except KeyboardInterrupt:
+        saved = trainer.last_checkpoint_step
+        print(f"numpy-tf train: interrupted at step {trainer.step}; " + (
+            f"continue from step {saved} with numpy-tf train --resume "
+            f"{trainer.checkpoint_path}" if saved is not None else "no checkpoint was written"),
+            file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def _stopped_early(trainer, out: Path) -> str:
@@ -261,7 +268,8 @@ def train_reverse_digits(args, config, out: Path, resume=None) -> int:
     settings = None if resume is not None else TrainSettings(
         steps=args.steps, batch_size=32, lr=args.lr, min_lr=args.lr / 10,
         warmup=min(50, args.steps // 10), weight_decay=0.0,
-        eval_every=max(1, args.steps // 5), log_every=args.log_every, seed=args.seed)
+        eval_every=max(1, args.steps // 5), checkpoint_every=max(1, args.steps // 5),
+        log_every=args.log_every, seed=args.seed)
     out.mkdir(parents=True, exist_ok=True)
     trainer = reverse_digits_trainer(config, settings, checkpoint_path=out / "checkpoint.npz",
                                      dtype=np.dtype(args.dtype or "float32"), resume=resume)
@@ -357,6 +365,7 @@ def train(args) -> int:
         settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                  min_lr=args.lr / 10, warmup=min(100, args.steps // 10),
                                  eval_every=max(1, args.steps // 10),
+                                 checkpoint_every=max(1, args.steps // 10),
                                  log_every=args.log_every, seed=args.seed)
     try:
         trainer = language_model_trainer(
