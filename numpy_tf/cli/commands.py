@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from .. import __version__
+from ..core import validate
 from ..core.table import format_table
 from ..models import registry
 from .plot import add_plot_parser, loss_plot_line
@@ -153,7 +154,107 @@ def train_plan(args, vocab_size: int | None = None):
     return task, config
 
 
-def train_reverse_digits(args, config) -> int:
+# the options that set a run up: given with --resume they are an error (the checkpoint holds
+# them), otherwise these defaults fill in the ones not given
+RUN_SETUP = {"task": None, "config": None, "tokenizer": "byte", "steps": 1200,
+             "batch_size": 16, "lr": 3e-3, "dtype": "float32", "seed": 0}
+
+
+def _usage(check, name: str, value, **options):
+    """validate's `check` of a command-line value, a mistake becoming a UserError."""
+    try:
+        return check(name, value, **options)
+    except (TypeError, ValueError) as error:
+        raise UserError(str(error)) from None
+
+
+def _train_options(args) -> None:
+    """Fill in the defaults of a new run (or refuse setup options next to --resume) and check
+    every number before any work is done."""
+    given = [f"--{name.replace('_', '-')}" for name in RUN_SETUP
+             if getattr(args, name) is not None]
+    if args.resume is not None and given:
+        raise UserError(f"--resume continues a run as it was set up, so {', '.join(given)} "
+                        "cannot be given with it (the checkpoint holds the settings)")
+    if args.resume is None:
+        for name, default in RUN_SETUP.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+        _usage(validate.positive_int, "--steps", args.steps)
+        _usage(validate.positive_int, "--batch-size", args.batch_size)
+        _usage(validate.number, "--lr", args.lr, low=0.0, low_open=True)
+        _usage(validate.non_negative_int, "--seed", args.seed)
+    _usage(validate.positive_int, "--log-every", args.log_every)
+    _usage(validate.non_negative_int, "--sample-tokens", args.sample_tokens)
+    if args.until is not None:
+        _usage(validate.positive_int, "--until", args.until)
+
+
+def _run_folder(args) -> Path:
+    """--out (default: the resumed checkpoint's folder, else numpy_tf_run); a folder already
+    holding another run's checkpoint is refused unless --force."""
+    out = Path(args.out if args.out is not None else
+               Path(args.resume).parent if args.resume is not None else "numpy_tf_run")
+    checkpoint = out / "checkpoint.npz"
+    continued = args.resume is not None and checkpoint.exists() and \
+        checkpoint.resolve() == Path(args.resume).resolve()
+    if checkpoint.exists() and not continued and not args.force:
+        raise UserError(f"--out {out} already holds a run ({checkpoint}); give --force to "
+                        f"overwrite it, or --resume {checkpoint} to continue it")
+    return out
+
+
+def _resumed(args):
+    """The checkpoint --resume names, checked to be an unfinished run of numpy-tf train."""
+    from ..training.checkpoint import load_checkpoint
+    from ..training.trainer import TrainSettings
+
+    try:
+        checkpoint = load_checkpoint(args.resume)
+        settings = TrainSettings(**checkpoint.meta["settings"])
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise UserError(f"--resume {args.resume}: not a checkpoint numpy-tf train can "
+                        f"continue ({error})") from None
+    if checkpoint.meta.get("task") not in ("language model", "reverse digits"):
+        raise UserError(f"--resume {args.resume}: not a checkpoint numpy-tf train wrote (it "
+                        "has no task)")
+    if checkpoint.step >= settings.steps:
+        raise UserError(f"--resume {args.resume}: that run is complete ({checkpoint.step} of "
+                        f"{settings.steps} steps); start a new one")
+    if args.until is not None and not checkpoint.step < args.until <= settings.steps:
+        raise UserError(f"--until must be in ({checkpoint.step}, {settings.steps}] (after the "
+                        f"checkpoint's step, at most the run's steps); got {args.until}")
+    return checkpoint
+
+
+def _run(trainer, until) -> None:
+    """trainer.run(until); a run that stops on a non-finite value is one line, status 2."""
+    from ..training.trainer import TrainingStopped
+
+    if until is not None and until > trainer.settings.steps:
+        raise UserError(f"--until must be at most --steps ({trainer.settings.steps}); got "
+                        f"{until}")
+    try:
+        trainer.run(until)
+    except TrainingStopped as error:
+        raise UserError(f"{error} (a smaller --lr may help)") from None
+    except KeyboardInterrupt:
+        saved = trainer.last_checkpoint_step
+        print(f"numpy-tf train: interrupted at step {trainer.step}; " + (
+            f"continue from step {saved} with numpy-tf train --resume "
+            f"{trainer.checkpoint_path}" if saved is not None else "no checkpoint was written"),
+            file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _stopped_early(trainer, out: Path) -> str:
+    steps = trainer.settings.steps
+    return "" if trainer.step >= steps else (
+        f"; stopped after step {trainer.step} of {steps}: continue with numpy-tf train "
+        f"--resume {out / 'checkpoint.npz'}")
+
+
+def train_reverse_digits(args, config, out: Path, resume=None) -> int:
     """numpy-tf train --task reverse-digits: the encoder-decoder learns to reverse digit
     strings; the exact-match accuracy of greedy decoding on held-out strings is the proof that
     its backward is right end to end."""
@@ -164,24 +265,26 @@ def train_reverse_digits(args, config) -> int:
     from ..training.tasks import exact_match, reverse_digits_trainer
     from ..training.trainer import TrainSettings
 
-    settings = TrainSettings(steps=args.steps, batch_size=32, lr=args.lr, min_lr=args.lr / 10,
-                             warmup=min(50, args.steps // 10), weight_decay=0.0,
-                             eval_every=max(1, args.steps // 5), log_every=args.log_every,
-                             seed=args.seed)
-    out = Path(args.out)
+    settings = None if resume is not None else TrainSettings(
+        steps=args.steps, batch_size=32, lr=args.lr, min_lr=args.lr / 10,
+        warmup=min(50, args.steps // 10), weight_decay=0.0,
+        eval_every=max(1, args.steps // 5), checkpoint_every=max(1, args.steps // 5),
+        log_every=args.log_every, seed=args.seed)
     out.mkdir(parents=True, exist_ok=True)
     trainer = reverse_digits_trainer(config, settings, checkpoint_path=out / "checkpoint.npz",
-                                     dtype=np.dtype(args.dtype))
+                                     dtype=np.dtype(args.dtype or "float32"), resume=resume)
     print(f"training a {trainer.model.num_parameters():,}-parameter encoder-decoder "
-          f"({args.dtype}) to reverse digit strings of length 1 to 8")
+          f"({trainer.model.dtype}) to reverse digit strings of length 1 to 8" +
+          ("" if resume is None else f", from step {trainer.step}"))
     started = time.perf_counter()
-    trainer.run()
+    _run(trainer, args.until)
     trainer.write_history(out / "history.csv")
     print(loss_plot_line(out))
+    rows = trainer.earlier_history + trainer.history
     accuracy = exact_match(trainer.model, trainer.held_out)
-    print(f"loss {trainer.history[0]['loss']:.3f} -> {trainer.history[-1]['loss']:.4f} in "
+    print(f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.4f} in "
           f"{time.perf_counter() - started:.0f} s; exact match on {len(trainer.held_out.source)}"
-          f" held-out strings: {accuracy:.1%}")
+          f" held-out strings: {accuracy:.1%}" + _stopped_early(trainer, out))
     examples = trainer.held_out
     decoded = generate_seq2seq(trainer.model, examples.source[:3], 9, DIGIT_BOS,
                                src_key_padding_mask=examples.source_padding_mask[:3])
@@ -210,54 +313,95 @@ def _tokenizer(spec: str, text: str):
         raise UserError(f"--tokenizer {spec}: {error}") from None
 
 
-def train(args) -> int:
-    import numpy as np
+def _training_text(args, resume=None) -> tuple[str, str, str | None]:
+    """(text, where it came from, its path or None for the shipped text). Resuming, the text
+    is the run's own (its path from the checkpoint unless --text is given), checked by its
+    SHA-256: another text would give other batches."""
+    import hashlib
 
-    task, config = train_plan(args)
-    if task == "reverse-digits":
-        return train_reverse_digits(args, config)
-
-    from ..generation.decoding import generate
     from ..text.corpus import default_corpus
-    from ..training.tasks import language_model_trainer
-    from ..training.trainer import TrainSettings
-    if args.text is None:
+
+    path = args.text
+    if path is None and resume is not None:
+        path = resume.meta.get("text")
+    if path is None:
         text, source = default_corpus(), "the text that ships with numpy_tf"
     else:
         try:
-            text, source = Path(args.text).read_text(encoding="utf-8"), args.text
+            text, source = Path(path).read_text(encoding="utf-8"), path
         except (OSError, UnicodeDecodeError) as error:
-            raise UserError(f"--text {args.text}: cannot read it as UTF-8 ({error})") from None
-    tokenizer = _tokenizer(args.tokenizer, text)
-    _, config = train_plan(args, tokenizer.vocab_size)
-    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                             min_lr=args.lr / 10, warmup=min(100, args.steps // 10),
-                             eval_every=max(1, args.steps // 10), log_every=args.log_every,
-                             seed=args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+            raise UserError(f"--text {path}: cannot read it as UTF-8 ({error})") from None
+    if resume is not None and resume.meta.get("text_sha256") != \
+            hashlib.sha256(text.encode("utf-8")).hexdigest():
+        raise UserError(f"--text {source} is not the text the run was trained on (its SHA-256 "
+                        "differs); resume with the same text")
+    return text, source, None if path is None else str(Path(path).resolve())
+
+
+def train(args) -> int:
+    import hashlib
+
+    import numpy as np
+
+    _train_options(args)
+    resume = _resumed(args) if args.resume is not None else None
+    out = _run_folder(args)
+    if resume is not None:
+        task = "text" if resume.meta["task"] == "language model" else "reverse-digits"
+        config = resume.model.config
+    else:
+        task, config = train_plan(args)
+    if task == "reverse-digits":
+        return train_reverse_digits(args, config, out, resume)
+
+    from ..generation.decoding import generate
+    from ..training.tasks import language_model_trainer
+    from ..training.trainer import TrainSettings
+    text, source, path = _training_text(args, resume)
+    settings = None
+    if resume is None:
+        tokenizer = _tokenizer(args.tokenizer, text)
+        _, config = train_plan(args, tokenizer.vocab_size)
+        settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                                 min_lr=args.lr / 10, warmup=min(100, args.steps // 10),
+                                 eval_every=max(1, args.steps // 10),
+                                 checkpoint_every=max(1, args.steps // 10),
+                                 log_every=args.log_every, seed=args.seed)
     try:
-        trainer = language_model_trainer(text, config, settings, tokenizer=tokenizer,
-                                         checkpoint_path=out / "checkpoint.npz",
-                                         dtype=np.dtype(args.dtype))
-    except ValueError as error:
-        raise UserError(str(error)) from None
-    print(f"training a {trainer.model.num_parameters():,}-parameter GPT ({args.dtype}) on "
-          f"{source}: {trainer.extra_meta['tokens']:,} tokens ({tokenizer!r}), "
-          f"{trainer.extra_meta['held_out_tokens']:,} held out")
+        trainer = language_model_trainer(
+            text, config, settings, tokenizer=None if resume else tokenizer,
+            checkpoint_path=out / "checkpoint.npz", resume=resume,
+            dtype=np.dtype(args.dtype or "float32"),
+            extra_meta={"text": path,
+                        "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()})
+    except ValueError as error:             # too short a text, or a vocabulary too small
+        raise UserError(f"--text {source}: {error}" if path is not None else str(error)) \
+            from None
+    from ..text.tokenizers import ByteTokenizer
+    tokenizer = ByteTokenizer.from_arrays(trainer.extra_arrays)
+    prompt = tokenizer.encode(args.prompt)[None, :]
+    if args.sample_tokens and prompt.shape[1] == 0:
+        raise UserError("--prompt must not be empty (it starts the final sample)")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"training a {trainer.model.num_parameters():,}-parameter GPT ({trainer.model.dtype})"
+          f" on {source}: {trainer.extra_meta['tokens']:,} tokens ({tokenizer!r}), "
+          f"{trainer.extra_meta['held_out_tokens']:,} held out" +
+          ("" if resume is None else f", from step {trainer.step}"))
     started = time.perf_counter()
-    trainer.run()
+    _run(trainer, args.until)
     trainer.write_history(out / "history.csv")
-    first, last = trainer.history[0]["loss"], trainer.history[-1]["loss"]
-    evals = [row["eval_loss"] for row in trainer.history if "eval_loss" in row]
+    rows = trainer.earlier_history + trainer.history
+    first, last = rows[0]["loss"], rows[-1]["loss"]
+    evals = [row["eval_loss"] for row in rows if "eval_loss" in row]
     print(f"loss {first:.3f} -> {last:.3f}" + (f", held-out {evals[-1]:.3f}" if evals else "")
           + f" in {time.perf_counter() - started:.0f} s; checkpoint {out / 'checkpoint.npz'}, "
-          f"history {out / 'history.csv'}")
+          f"history {out / 'history.csv'}" + _stopped_early(trainer, out))
     print(loss_plot_line(out))
-    prompt = tokenizer.encode(args.prompt)[None, :]
-    sample = generate(trainer.model, prompt, args.sample_tokens, rng=np.random.default_rng(
-        args.seed), temperature=0.8, slide=True)
-    print("sample: " + tokenizer.decode(sample[0]))
+    if args.sample_tokens:
+        sample = generate(trainer.model, prompt, args.sample_tokens,
+                          rng=np.random.default_rng(trainer.settings.seed), temperature=0.8,
+                          slide=True)
+        print("sample: " + tokenizer.decode(sample[0]))
     return 0
 
 
@@ -265,14 +409,11 @@ def train(args) -> int:
 def sample(args) -> int:
     import numpy as np
 
-    from ..generation.decoding import check_sampling, generate
+    from ..generation.decoding import generate
     from ..text.tokenizers import ByteTokenizer
     from ..training.checkpoint import load_checkpoint
 
-    try:
-        check_sampling(args.temperature, args.top_k, args.top_p)
-    except ValueError as error:
-        raise UserError(str(error)) from None
+    _sampling_options(args)
     if not Path(args.checkpoint).exists() and registry.find_preset(args.checkpoint) is not None:
         return _sample_preset(args)
     if not Path(args.checkpoint).exists() and args.checkpoint in registry.FAMILIES:
@@ -303,6 +444,18 @@ def sample(args) -> int:
                       slide=True)
     print(tokenizer.decode(tokens[0]))
     return 0
+
+
+def _sampling_options(args) -> None:
+    """sample's and generate's numbers, checked before any model is loaded."""
+    from ..generation.decoding import check_sampling
+
+    try:
+        check_sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    _usage(validate.non_negative_int, "--tokens", args.tokens)
+    _usage(validate.non_negative_int, "--seed", args.seed)
 
 
 def _pretrained_names() -> list[str]:
@@ -381,6 +534,9 @@ def _overrides(pairs: list[str]) -> dict:
 def export(args) -> int:
     from ..checking.export import export_case
 
+    _usage(validate.non_negative_int, "--seed", args.seed)
+    _usage(validate.positive_int, "--batch", args.batch)
+    _usage(validate.non_negative_int, "--pad", args.pad)
     try:
         case = export_case(args.model, args.config, _overrides(args.set),
                            seed=args.seed, dtype=args.dtype, batch=args.batch,
@@ -607,13 +763,10 @@ def generate_command(args) -> int:
     """numpy-tf generate --model smollm2 --prompt TEXT: a real pretrained model in pure NumPy."""
     import numpy as np
 
-    from ..generation.decoding import check_sampling, generate
+    from ..generation.decoding import generate
     from ..study.attention import attention_maps, format_attention, save_attention
 
-    try:
-        check_sampling(args.temperature, args.top_k, args.top_p)
-    except ValueError as error:
-        raise UserError(str(error)) from None
+    _sampling_options(args)
     layer, head = _attention_choice(args.attention)
     every_layer = bool(args.save_attention) and args.save_attention.endswith(".npz")
     if args.save_attention and not every_layer and layer is None:
@@ -697,7 +850,7 @@ def main(argv=None) -> int:
                                    "encoder-decoder learns to reverse digit strings (default: "
                                    "the task of --config's family, text for the default)")
     train_parser.add_argument("--text", help="a UTF-8 text file (default: the shipped text)")
-    train_parser.add_argument("--tokenizer", default="byte",
+    train_parser.add_argument("--tokenizer", default=None,
                               help="byte (default) or bpe:N, a byte-level BPE of N tokens "
                                    "trained on the text and saved in the checkpoint")
     train_parser.add_argument("--config", default=None, metavar="PRESET|FILE|JSON",
@@ -707,13 +860,32 @@ def main(argv=None) -> int:
                                    "default char-gpt, or seq2seq-digits for --task "
                                    "reverse-digits. A text model's vocab_size is the "
                                    "tokenizer's (a file may set a larger one)")
-    train_parser.add_argument("--steps", type=int, default=1200)
-    train_parser.add_argument("--batch-size", type=int, default=16)
-    train_parser.add_argument("--lr", type=float, default=3e-3)
-    train_parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    train_parser.add_argument("--seed", type=int, default=0)
-    train_parser.add_argument("--out", default="numpy_tf_run",
-                              help="folder for checkpoint.npz and history.csv")
+    train_parser.add_argument("--steps", type=int, default=None, help="optimizer steps of "
+                              "the run (default 1200); the learning-rate schedule spans them")
+    train_parser.add_argument("--batch-size", type=int, default=None, help="default 16")
+    train_parser.add_argument("--lr", type=float, default=None, help="peak learning rate "
+                              "(default 3e-3); a run whose loss, gradients or weights stop "
+                              "being finite stops with one line (exit status 2) and saves "
+                              "nothing")
+    train_parser.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                              help="default float32")
+    train_parser.add_argument("--seed", type=int, default=None, help="default 0")
+    train_parser.add_argument("--out", default=None,
+                              help="folder for checkpoint.npz and history.csv (default "
+                                   "numpy_tf_run, or the --resume checkpoint's folder); a "
+                                   "folder holding another run's checkpoint is refused "
+                                   "unless --force")
+    train_parser.add_argument("--force", action="store_true",
+                              help="overwrite the run already in --out")
+    train_parser.add_argument("--resume", metavar="CHECKPOINT", default=None,
+                              help="continue the run this checkpoint (of numpy-tf train) "
+                                   "stopped: the same losses, bit for bit, as a run that "
+                                   "never stopped; its settings come from the checkpoint, "
+                                   "and the text from the path it records (or --text, which "
+                                   "must be the same text)")
+    train_parser.add_argument("--until", type=int, default=None, metavar="STEP",
+                              help="stop after this step (the schedule still spans --steps) "
+                                   "and save the checkpoint, to continue with --resume")
     train_parser.add_argument("--log-every", type=int, default=50)
     train_parser.add_argument("--prompt", default="The ", help="start of the final sample")
     train_parser.add_argument("--sample-tokens", type=int, default=300)

@@ -2,13 +2,18 @@
 
 `save_npz` writes every array as a .npy member of a zip with fixed timestamps, in the given
 order, to a temporary file in the same folder, then renames it over the target: an interrupted
-save leaves the previous file intact, and the same arrays always give the same bytes.
+save leaves the previous file intact, and the same arrays always give the same bytes. A save
+that is interrupted (an exception, Ctrl-C) removes its temporary file; one killed outright
+(SIGKILL, a power cut) cannot, so each save first removes the temporaries that earlier saves
+to the same path left behind (`.NAME.*.tmp` beside it: two processes must not write one path
+at the same time).
 `load_npz` reads with allow_pickle=False, so a file can never run code.
 
 This file imports nothing of numpy_tf.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -25,9 +30,12 @@ def save_npz(path, arrays: Mapping[str, np.ndarray]) -> None:
     """Write {name: array} to `path` atomically (temporary file, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
-                                             dir=path.parent)
+    for stale in stale_temporaries(path):
+        stale.unlink(missing_ok=True)
+    temporary = None
     try:
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
+                                                 dir=path.parent)
         with os.fdopen(descriptor, "wb") as handle:
             with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED) as archive:
                 for name, array in arrays.items():
@@ -46,9 +54,16 @@ def save_npz(path, arrays: Mapping[str, np.ndarray]) -> None:
         os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
-        if os.path.exists(temporary):
+        if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def stale_temporaries(path) -> list[Path]:
+    """The temporary files that saves to `path` left behind (killed before they could remove
+    them): `.NAME.<random>.tmp` in the same folder."""
+    path = Path(path)
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
 def load_npz(path) -> dict[str, np.ndarray]:

@@ -5,6 +5,8 @@ message names the argument, says what was expected and what was given.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .module import FLOAT_DTYPES
@@ -148,10 +150,11 @@ def fraction(name: str, value) -> float:
 
 
 def number(name: str, value, *, low: float | None = None, high: float | None = None,
-           low_open: bool = False, high_open: bool = False) -> float:
-    """A real number (not a bool, not NaN) in the given interval, returned as a Python float,
-    so that a float32 array times it stays float32 (a numpy float64 scalar would upcast it).
-    `low_open`/`high_open` exclude the end point."""
+           low_open: bool = False, high_open: bool = False, finite: bool = True) -> float:
+    """A real number (not a bool, not NaN; finite unless `finite=False`, for a choice such as
+    an infinity norm) in the given interval, returned as a Python float, so that a float32
+    array times it stays float32 (a numpy float64 scalar would upcast it). NumPy scalars
+    (np.float32(0.7)) are numbers too. `low_open`/`high_open` exclude the end point."""
     interval = ""
     if low is not None or high is not None:
         left = "-inf" if low is None else f"{low:g}"
@@ -161,6 +164,8 @@ def number(name: str, value, *, low: float | None = None, high: float | None = N
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number{interval}; got {value!r}")
     given, value = value, float(value)
+    if finite and value in (math.inf, -math.inf):
+        raise ValueError(f"{name} must be a finite number{interval}; got {given!r}")
     if (value != value or (low is not None and (value < low or (low_open and value == low)))
             or (high is not None and (value > high or (high_open and value == high)))):
         raise ValueError(f"{name} must be a number{interval}; got {given!r}")
@@ -322,3 +327,71 @@ def finite_number(name: str, value) -> float:
     if not np.isfinite(value):
         raise ValueError(f"{name} must be a finite real number; got {value!r}")
     return float(value)
+# -- the edges of models, training and sampling ---------------------------------------------------
+def optional_index(name: str, value, size: int, what: str = "") -> int | None:
+    """None, or an integer id in [0, size) (a padding or special token of a vocabulary of
+    `size`); a bool or 2.7 is refused."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or not 0 <= value < size:
+        detail = f", {what}" if what else ""
+        raise ValueError(f"{name} must be None or in [0, {size}) (an integer id{detail}); got "
+                         f"{value!r}")
+    return int(value)
+
+
+def kv_cache(name: str, pair, *, batch: int, heads: int, head_dim: int, dtype,
+             length: int | None = None, legend: str = "B, H, P, d") -> int:
+    """One attention layer's KV cache: a pair (k, v) of arrays of `dtype`, each
+    (B, heads, P, head_dim) with the same P (and P == `length` when given, so that every
+    layer of a model holds the same positions). Returns P."""
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError(f"{name} must be a pair (k, v) (the `present` of an earlier call); "
+                        f"got {kind_of(pair)}")
+    for part, array in zip("kv", pair):
+        if not isinstance(array, np.ndarray) or array.ndim != 4:
+            raise ValueError(f"{name} must be (k, v), each of shape ({legend}); got {part} "
+                             f"{type(array).__name__} of shape {np.shape(array)}")
+        past = length if length is not None else array.shape[2]
+        expected = (batch, heads, past, head_dim)
+        if array.shape != expected:
+            raise ValueError(f"{name} must be (k, v), each of shape ({legend}) = {expected}: "
+                             f"the `present` of an earlier call; got {part} of shape "
+                             f"{array.shape}")
+        if array.dtype != dtype:
+            raise TypeError(f"{name}.{part} must have the model's dtype {np.dtype(dtype)}; "
+                            f"got dtype {array.dtype}")
+        length = past
+    return length
+
+
+def optional(check):
+    """`check` that also lets None through (a field whose None means "the default")."""
+    def check_optional(name, value):
+        return None if value is None else check(name, value)
+    return check_optional
+
+
+def bounded(low=None, high=None, *, low_open=False, high_open=False):
+    """`number` with its interval fixed: a check for `config_fields`."""
+    def check_number(name, value):
+        return number(name, value, low=low, high=high, low_open=low_open, high_open=high_open)
+    return check_number
+
+
+def config_fields(config, checks: dict) -> None:
+    """Each field of a (frozen) dataclass named in `checks` checked by its check(name, value),
+    in the given order, and replaced by what the check returns (a NumPy integer or float
+    becomes a Python one, so the config stays JSON-able); the message names the field, which
+    is the argument the caller passed."""
+    for name, check in checks.items():
+        object.__setattr__(config, name, check(name, getattr(config, name)))
+
+
+def one_of(*allowed):
+    """`choice` among `allowed`: a check for `config_fields`."""
+    def check_choice(name, value):
+        choice(name, value, allowed)
+        return value
+    return check_choice

@@ -19,6 +19,13 @@ def _max_context(model: Module) -> int | None:
     return getattr(getattr(model, "config", None), "max_context", None)
 
 
+def _check_token(name: str, value, vocab_size: int | None) -> int | None:
+    """None, or a token id: an integer in [0, vocab_size) when the model's config says V."""
+    if vocab_size is None:
+        return validate.optional(validate.non_negative_int)(name, value)
+    return validate.optional_index(name, value, vocab_size, "a token of the model's vocabulary")
+
+
 def generate(model: Module, prompt: np.ndarray, max_new_tokens: int, *,
              rng: np.random.Generator | None = None, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
@@ -36,6 +43,10 @@ def generate(model: Module, prompt: np.ndarray, max_new_tokens: int, *,
     validate.integer_array("prompt", prompt, ndim=2, shape="(B, T)")
     max_new_tokens = validate.non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling(temperature, top_k, top_p)
+    eos_id = _check_token("eos_id", eos_id, getattr(getattr(model, "config", None),
+                                                    "vocab_size", None))
+    validate.flag("use_cache", use_cache)
+    validate.flag("slide", slide)
     if temperature > 0:
         validate.generator("rng", rng)
     if prompt.shape[1] == 0:
@@ -85,6 +96,12 @@ def generate_seq2seq(model: Module, src: np.ndarray, max_new_tokens: int, bos_id
     model.check_source(src)
     max_new_tokens = validate.non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling(temperature, top_k, top_p)
+    vocab_size = getattr(getattr(model, "config", None), "tgt_vocab_size", None)
+    bos_id = _check_token("bos_id", bos_id, vocab_size)
+    if bos_id is None:
+        raise ValueError("bos_id must be the token id every target starts with; got None")
+    eos_id = _check_token("eos_id", eos_id, vocab_size)
+    validate.flag("use_cache", use_cache)
     if temperature > 0:
         validate.generator("rng", rng)
     memory, _ = model.encode(src, src_key_padding_mask)

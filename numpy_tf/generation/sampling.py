@@ -1,7 +1,9 @@
 """Sampling the next token from a row of logits z (one row per sequence):
 
     temperature 0         greedy: argmax z
-    temperature t > 0     p = softmax(z / t)
+    temperature t > 0     p = softmax(z / t), computed as softmax((z - max z) / t): the same
+                          numbers, and a tiny t tends to greedy (z / t would overflow to
+                          inf - inf = NaN)
     top_k = k             only the k largest logits keep their probability
     top_p = p             only the smallest set of most probable tokens whose probability
                           reaches p (never empty: the most probable token always stays)
@@ -17,15 +19,37 @@ from ..core import validate
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not np.isfinite(temperature) or temperature < 0:
+    """temperature a finite number >= 0 (0 is greedy), top_k None or an integer >= 1, top_p
+    None or in (0, 1]; Python or NumPy numbers (np.float32(0.7) is a temperature)."""
+    def real(value) -> bool:
+        return not isinstance(value, (bool, np.bool_)) and \
+            isinstance(value, (int, float, np.integer, np.floating)) and bool(np.isfinite(value))
+
+    if not real(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a number >= 0 (0 is greedy); got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
                               or top_k < 1):
         raise ValueError(f"top_k must be an integer >= 1 (or None); got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0.0 < top_p <= 1.0):
+    if top_p is not None and (not real(top_p) or not 0.0 < top_p <= 1.0):
         raise ValueError(f"top_p must be in (0, 1] (or None); got {top_p!r}")
+
+
+def check_logits(name: str, logits: np.ndarray) -> None:
+    """Scores a token can be drawn from: no NaN, no +inf, and in every row at least one
+    finite logit. A -inf logit is a blocked token (masking), so it is allowed; a row of them
+    blocks every token and is refused, as is any NaN or +inf (softmax of either is NaN, and
+    the draw would silently return token 0)."""
+    with np.errstate(invalid="ignore"):
+        problems = [("NaN", np.isnan(logits)), ("+inf", logits == np.inf)]
+    problems.append(("-inf in every entry of a row (no token left to draw)",
+                     np.broadcast_to(np.all(logits == -np.inf, axis=-1, keepdims=True),
+                                     logits.shape)))
+    for what, bad in problems:
+        if bad.any():
+            position = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{name} must be finite (or -inf for a blocked token, with at "
+                             f"least one finite logit per row); got {what} at position "
+                             f"{position}")
 
 
 def sampling_probabilities(logits: np.ndarray, temperature: float = 1.0,
@@ -33,12 +57,17 @@ def sampling_probabilities(logits: np.ndarray, temperature: float = 1.0,
     """(B, V) float64 probabilities of the next token after temperature, top-k and top-p."""
     check_sampling(temperature, top_k, top_p)
     validate.float_array("logits", logits, ndim=2, shape="(B, V)")
+    if logits.shape[1] == 0:
+        raise ValueError(f"logits must hold at least one token per row (B, V); got shape "
+                         f"{logits.shape}")
+    check_logits("logits", logits)
     z = logits.astype(np.float64)
     if temperature == 0:
         probs = np.zeros_like(z)
         probs[np.arange(len(z)), z.argmax(axis=-1)] = 1.0
         return probs
-    z = z / float(temperature)
+    with np.errstate(over="ignore"):        # a tiny t: the best logit 0, the others -inf
+        z = (z - z.max(axis=-1, keepdims=True)) / float(temperature)
     if top_k is not None and top_k < z.shape[-1]:
         kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]   # the k-th largest
         z = np.where(z >= kth, z, -np.inf)

@@ -41,12 +41,13 @@ import numpy as np
 from ..core import validate
 from ..core.module import Module
 from ..layers.activations import activation as make_activation
-from ..layers.dropout import Dropout, DropoutCache, check_probability
+from ..layers.dropout import Dropout, DropoutCache
 from ..layers.embedding import Embedding, EmbeddingCache, normal_init
 from ..layers.linear import Linear, LinearCache
 from ..layers.multihead import TorchMultiheadAttention
 from ..layers.norm import LayerNorm, LayerNormCache
 from ..layers.positions import LearnedPositions, LearnedPositionsCache
+from . import checks
 from .encoder_decoder.layers import ACTIVATIONS, TransformerEncoderLayer
 from .encoder_decoder.transformer import StackCache, TransformerEncoder
 from .resize import check_new_size, normal, resize_embedding, resize_head, zeros
@@ -74,9 +75,9 @@ class BertConfig:
     dropout: float = 0.0                    # embeddings, attention probabilities, residuals
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings"):
-            validate.positive_int(name, getattr(self, name))
+        validate.config_fields(self, {name: validate.positive_int for name in (
+            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "intermediate_size", "max_position_embeddings")})
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by "
                              f"num_attention_heads ({self.num_attention_heads})")
@@ -84,15 +85,16 @@ class BertConfig:
             raise ValueError(f"hidden_act must be one of {', '.join(map(repr, ACTIVATIONS))} "
                              "(the activations of numpy_tf's TransformerEncoderLayer, which "
                              f"the encoder is built from); got {self.hidden_act!r}")
-        validate.non_negative_int("type_vocab_size", self.type_vocab_size)
-        validate.positive_float("layer_norm_eps", self.layer_norm_eps)
-        validate.positive_float("initializer_range", self.initializer_range)
-        for name in ("norm_first", "tie_word_embeddings", "position_embeddings"):
-            validate.flag(name, getattr(self, name))
-        check_probability(self.dropout)
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id must be None or in [0, {self.vocab_size}); got "
-                             f"{self.pad_token_id!r}")
+        validate.config_fields(self, {
+            "type_vocab_size": validate.non_negative_int,
+            "layer_norm_eps": validate.positive_float,
+            "initializer_range": validate.positive_float,
+            "norm_first": validate.flag, "tie_word_embeddings": validate.flag,
+            "position_embeddings": validate.flag})
+        validate.config_fields(self, {
+            "dropout": validate.bounded(0.0, 1.0, high_open=True),
+            "pad_token_id": lambda name, value: validate.optional_index(
+                name, value, self.vocab_size, "a row of the vocabulary")})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -197,11 +199,20 @@ class EncodeCache(NamedTuple):
     embeddings: EmbeddingsCache     # ids -> x (B, T, C)
     encoder: StackCache             # x -> hidden (B, T, C): every layer, then the final norm
 
+    @property
+    def output_spec(self):          # the (shape, dtype) of hidden (B, T, C): dhidden's
+        x_hat = self.embeddings.norm.x_hat  # (B, T, C): the embeddings' normalised sum
+        return x_hat.shape, x_hat.dtype
+
 
 class BertCache(NamedTuple):
     encode: EncodeCache             # ids -> hidden
     mlm_head: MaskedLMHeadCache     # hidden -> logits (B, T, V)
     hidden: np.ndarray              # (B, T, C) the encoder's output, for whoever wants it
+
+    @property
+    def output_spec(self):          # the (shape, dtype) of the logits: dlogits's
+        return checks.head_spec(self.mlm_head.decoder)
 
 
 class Bert(Module):
@@ -294,7 +305,9 @@ class Bert(Module):
         return hidden, EncodeCache(embeddings, encoder)
 
     def encode_backward(self, dhidden, cache: EncodeCache) -> None:
-        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        """The forward in exact reverse; returns None (integer ids have no gradient).
+        dhidden must have exactly the hidden states' shape (B, T, C) and dtype."""
+        validate.backward_inputs(dhidden, cache, EncodeCache, "dhidden")
         dx = self.encoder.backward(dhidden, cache.encoder)          # hidden = encoder(x)
         self.embeddings.backward(dx, cache.embeddings)              # x = embeddings(ids)
 
@@ -306,7 +319,9 @@ class Bert(Module):
         return logits, BertCache(encode, mlm_head, hidden)
 
     def backward(self, dlogits, cache: BertCache):
-        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        """The forward in exact reverse; returns None (integer ids have no gradient).
+        dlogits must have exactly the logits' shape (B, T, V) and dtype."""
+        validate.backward_inputs(dlogits, cache, BertCache, "dlogits")
         dhidden = self.mlm_head.backward(dlogits, cache.mlm_head)   # logits = mlm_head(hidden)
         self.encode_backward(dhidden, cache.encode)                 # hidden = encode(ids)
         return None

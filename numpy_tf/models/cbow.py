@@ -25,6 +25,7 @@ from ..core.module import Module
 from ..layers.embedding import Embedding, EmbeddingCache, embedding_backward, embedding_forward
 from ..layers.linear import Linear, LinearCache
 from ..text.vocabulary import Vocabulary
+from . import checks
 from .resize import check_new_size, normal, resize_embedding, resize_head, uniform
 
 
@@ -67,6 +68,10 @@ class CBOWCache(NamedTuple):
     mean: CBOWMeanCache         # the context ids looked up and averaged
     output: LinearCache         # its x is h (N, D)
 
+    @property
+    def output_spec(self):      # the (shape, dtype) of the logits (N, V): dlogits's
+        return checks.head_spec(self.output)
+
 
 class CBOW(Module):
     """`embeddings` (Embedding (V, D), N(0, 1) as torch) and `output` (Linear D -> V with bias):
@@ -76,6 +81,8 @@ class CBOW(Module):
     def __init__(self, vocab_size: int, dim: int, *, rng: np.random.Generator | int = 0,
                  dtype=np.float64):
         super().__init__(dtype)
+        vocab_size = validate.positive_int("vocab_size", vocab_size)
+        dim = validate.positive_int("dim", dim)
         rng = np.random.default_rng(rng)
         self.embeddings = Embedding(vocab_size, dim, rng=rng, dtype=dtype)
         self.output = Linear(dim, vocab_size, rng=rng, dtype=dtype)
@@ -102,7 +109,9 @@ class CBOW(Module):
         return logits, CBOWCache(mean_cache, output)
 
     def backward(self, dlogits, cache: CBOWCache):
-        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        """The forward in exact reverse; returns None (integer ids have no gradient).
+        dlogits must have exactly the logits' shape (N, V) and dtype."""
+        validate.backward_inputs(dlogits, cache, CBOWCache, "dlogits")
         dmean = self.output.backward(dlogits, cache.output)             # logits = output(mean)
         dweight = cbow_backward(dmean, cache.mean)          # mean = cbow_forward(contexts, E)
         self.embeddings.weight.grad += dweight

@@ -30,6 +30,7 @@ from ..layers.mlp import feedforward
 from ..layers.multihead import AttentionLayerCache, FusedAttention
 from ..layers.norm import LayerNorm, LayerNormCache
 from ..layers.positions import LearnedPositions, LearnedPositionsCache
+from . import checks
 from .resize import check_new_size, normal, resize_embedding, resize_head
 
 
@@ -49,6 +50,18 @@ class GPTConfig:
     tied: bool = False                  # output head shares the token embedding
     init_std: float = 0.02
     dropout: float = 0.0
+
+    def __post_init__(self):
+        integer, flag = validate.positive_int, validate.flag
+        validate.config_fields(self, {
+            "vocab_size": integer, "max_context": integer, "width": integer, "heads": integer,
+            "layers": integer, "hidden": validate.optional(integer),
+            "attention_bias": flag, "ffn_bias": flag, "norm_first": flag, "tied": flag,
+            "activation": validate.one_of("gelu", "gelu_tanh", "relu"),
+            "norm_eps": validate.positive_float, "init_std": validate.bounded(low=0.0),
+            "dropout": validate.bounded(0.0, 1.0, high_open=True)})
+        if self.width % self.heads:
+            raise ValueError(f"width ({self.width}) must be divisible by heads ({self.heads})")
 
     @classmethod
     def tiny(cls, **changes) -> "GPTConfig":
@@ -136,6 +149,10 @@ class GPTCache(NamedTuple):
     output: LinearCache         # the head's input (B, T, C) and weight (V, C)
     present: list               # per block, the KVCache (k, v) after this call: the next past_kv
 
+    @property
+    def output_spec(self):      # the (shape, dtype) of the logits: dlogits's
+        return checks.head_spec(self.output)
+
 
 class GPT(Module):
     """The decoder-only model; `GPT(GPTConfig.tiny())` is the 7,232-parameter Pre-LN GPT."""
@@ -143,6 +160,8 @@ class GPT(Module):
     def __init__(self, config: GPTConfig = GPTConfig(), *, rng: np.random.Generator | int = 0,
                  dtype=np.float64):
         super().__init__(dtype)
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
         rng = np.random.default_rng(rng)
         self.config = config
         c = config
@@ -181,16 +200,19 @@ class GPT(Module):
         """ids (B, T) -> logits (B, T, V). `key_padding_mask` (B, P + T) is True at padding;
         `past_kv` is the list of per-block (k, v) of P earlier positions (generation): an
         earlier call's `present`, or plain (k, v) tuples."""
+        c = self.config
         validate.integer_array("ids", ids, ndim=2, shape="(B, T)")
-        offset = 0 if past_kv is None else past_kv[0][0].shape[2]
+        validate.ids_in_range("ids", ids, c.vocab_size)
+        offset = checks.past_kv(past_kv, len(self.blocks), batch=ids.shape[0], heads=c.heads,
+                                head_dim=c.width // c.heads, dtype=self.dtype)
         length = ids.shape[1]
-        if offset + length > self.config.max_context:
+        if offset + length > c.max_context:
             raise ValueError(f"ids has {length} positions after {offset} cached ones, more than "
-                             f"max_context = {self.config.max_context} learned positions; "
+                             f"max_context = {c.max_context} learned positions; "
                              "shorten the input (learned positions cannot extrapolate)")
-        if past_kv is not None and len(past_kv) != len(self.blocks):
-            raise ValueError(f"past_kv must hold one (k, v) per block ({len(self.blocks)}); "
-                             f"got {len(past_kv)}")
+        validate.mask_array("key_padding_mask", key_padding_mask,
+                            {"(B, Tk)": (ids.shape[0], offset + length)}, self.dtype,
+                            "padding")
         x, tokens = self.tokens.forward(ids)                        # (B, T, C)
         x, positions = self.positions.forward(x, offset)            # (B, T, C)
         blocks, present = [], []
@@ -204,7 +226,9 @@ class GPT(Module):
         return logits, GPTCache(tokens, positions, blocks, final_norm, output, present)
 
     def backward(self, dlogits, cache: GPTCache):
-        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        """The forward in exact reverse; returns None (integer ids have no gradient).
+        dlogits must have exactly the logits' shape (B, T, V) and dtype."""
+        validate.backward_inputs(dlogits, cache, GPTCache, "dlogits")
         dx = self.output.backward(dlogits, cache.output)            # logits = output(x)
         del dlogits                 # (B, T, V), often the largest array: not held any longer
         dx = self.final_norm.backward(dx, cache.final_norm)         # x = final_norm(x)

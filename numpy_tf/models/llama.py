@@ -34,6 +34,7 @@ from ..layers.linear import Linear, LinearCache
 from ..layers.mlp import SwiGLU, SwiGLUCache
 from ..layers.multihead import AttentionLayerCache, MultiHeadAttention
 from ..layers.norm import RMSNorm, RMSNormCache
+from . import checks
 from .accounting import count_llama
 from .resize import check_new_size, normal, resize_embedding, resize_head
 
@@ -60,9 +61,15 @@ class LlamaConfig:
     initializer_range: float = 0.02
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "max_position_embeddings"):
-            validate.positive_int(name, getattr(self, name))
+        integer, flag = validate.positive_int, validate.flag
+        validate.config_fields(self, {
+            "vocab_size": integer, "hidden_size": integer, "intermediate_size": integer,
+            "num_hidden_layers": integer, "num_attention_heads": integer,
+            "num_key_value_heads": validate.optional(integer),
+            "head_dim": validate.optional(integer), "max_position_embeddings": integer,
+            "tie_word_embeddings": flag, "attention_bias": flag, "mlp_bias": flag,
+            "attention_dropout": validate.bounded(0.0, 1.0, high_open=True),
+            "initializer_range": validate.bounded(low=0.0)})
         heads, kv_heads = self.num_attention_heads, self.kv_heads
         validate.positive_int("num_key_value_heads", kv_heads)
         if heads % kv_heads:
@@ -74,11 +81,10 @@ class LlamaConfig:
                              f"num_attention_heads ({heads}), or give head_dim")
         validate.even_positive_int("head_dim", self.head_width, "RoPE rotates pairs of "
                                    "features")
-        validate.positive_float("rms_norm_eps", self.rms_norm_eps)
-        validate.positive_float("rope_theta", self.rope_theta)
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id must be None or in [0, {self.vocab_size}); got "
-                             f"{self.pad_token_id!r}")
+        validate.config_fields(self, {
+            "rms_norm_eps": validate.positive_float, "rope_theta": validate.positive_float,
+            "pad_token_id": lambda name, value: validate.optional_index(
+                name, value, self.vocab_size, "a row of the vocabulary")})
 
     @property
     def kv_heads(self) -> int:
@@ -173,6 +179,10 @@ class LlamaCache(NamedTuple):
     present: list               # per layer, the KVCache (k, v) heads (B, G, P + T, d) after
                                 # this call: the next past_kv
 
+    @property
+    def output_spec(self):      # the (shape, dtype) of the logits: dlogits's
+        return checks.head_spec(self.lm_head)
+
 
 class Llama(Module):
     """The decoder-only Llama model; `Llama(LlamaConfig(...))`, or numpy_tf.interop.from_hf
@@ -225,18 +235,10 @@ class Llama(Module):
     def _check_inputs(self, ids, key_padding_mask, past_kv, positions) -> None:
         validate.integer_array("ids", ids, ndim=2, shape="(B, T)")
         validate.ids_in_range("ids", ids, self.config.vocab_size)
-        past_length = 0
-        if past_kv is not None:
-            if len(past_kv) != len(self.layers):
-                raise ValueError(f"past_kv must hold one (k, v) per layer ({len(self.layers)}); "
-                                 f"got {len(past_kv)}")
-            c = self.config
-            past_length = past_kv[0][0].shape[2]
-            expected = (ids.shape[0], c.kv_heads, past_length, c.head_width)
-            for index, pair in enumerate(past_kv):
-                if len(pair) != 2 or any(np.shape(part) != expected for part in pair):
-                    raise ValueError(f"past_kv[{index}] must be (k, v), each of shape (B, G, P, "
-                                     f"d) = {expected}: the `present` of an earlier call")
+        c = self.config
+        past_length = checks.past_kv(past_kv, len(self.layers), batch=ids.shape[0],
+                                     heads=c.kv_heads, head_dim=c.head_width, dtype=self.dtype,
+                                     legend="B, G, P, d")
         if key_padding_mask is not None:
             expected = (ids.shape[0], past_length + ids.shape[1])
             if np.shape(key_padding_mask) != expected:
@@ -268,7 +270,9 @@ class Llama(Module):
         return logits, LlamaCache(embed_tokens, caches, norm, lm_head, present)
 
     def backward(self, dlogits, cache: LlamaCache):
-        """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        """The forward in exact reverse; returns None (integer ids have no gradient).
+        dlogits must have exactly the logits' shape (B, T, V) and dtype."""
+        validate.backward_inputs(dlogits, cache, LlamaCache, "dlogits")
         dx = self.lm_head.backward(dlogits, cache.lm_head)          # logits = lm_head(x)
         dx = self.norm.backward(dx, cache.norm)                     # x = norm(x)
         for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):

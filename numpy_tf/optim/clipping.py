@@ -25,7 +25,8 @@ def clip_grad_norm(parameters: Iterable[Parameter] | Parameter, max_norm: float,
     not finite (torch's behaviour)."""
     params = as_parameter_list(parameters, "parameters")
     max_norm = validate.number("max_norm", max_norm, low=0.0)
-    norm_type = validate.number("norm_type", norm_type, low=0.0, low_open=True)
+    norm_type = validate.number("norm_type", norm_type, low=0.0, low_open=True,
+                                finite=False)                   # inf: the largest |g|
     if not params:
         return 0.0
     grads = [parameter.grad for parameter in params]

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..core import validate
 from ..core.module import Module
 from ..core.npz import from_json_array, json_array, load_npz, save_npz
 from ..models import registry
@@ -67,7 +68,14 @@ def build_model(spec: dict) -> Module:
 def save_checkpoint(path, model: Module, optimizer: Optimizer | None = None, step: int = 0,
                     rng: np.random.Generator | None = None, extra_meta: dict | None = None,
                     extra_arrays: dict[str, np.ndarray] | None = None) -> None:
-    meta = {"format": FORMAT, "model": model_spec(model), "step": int(step),
+    """Write one checkpoint .npz (see the module docstring): `step` a non-negative integer
+    (2.7 is refused, not saved as 2), `rng` None or the Generator whose state is saved."""
+    step = validate.non_negative_int("step", step)
+    rng = validate.generator("rng", rng, allow_none=True)
+    if optimizer is not None and not isinstance(optimizer, Optimizer):
+        raise TypeError(f"optimizer must be None or a numpy_tf Optimizer; got "
+                        f"{type(optimizer).__name__}")
+    meta = {"format": FORMAT, "model": model_spec(model), "step": step,
             "rng": None if rng is None else rng.bit_generator.state, **(extra_meta or {})}
     arrays = {f"param/{name}": value for name, value in model.state_dict().items()}
     if optimizer is not None:

@@ -3,8 +3,13 @@ evaluation, a progress line, a loss history, and exact checkpoints.
 
 One step: draw a batch with the Trainer's Generator, loss = objective(batch), stop if it is not
 finite, zero the gradients, backward, stop if any gradient is not finite, clip the global norm,
-set the learning rate of the schedule (linear warm-up, then cosine), optimizer step. A stop
-raises TrainingStopped before anything is saved, so the last good checkpoint stays intact.
+set the learning rate of the schedule (linear warm-up, then cosine), optimizer step, stop if
+any updated weight is not finite (a finite but absurd learning rate, 1e30, gets there; the
+weights are put back as they were before the step). A stop raises TrainingStopped before
+anything is saved, and `save` itself refuses weights that are not finite, so the last good
+checkpoint stays intact and a checkpoint is only ever called good when it is. A save that is
+interrupted removes its temporary file; one killed outright leaves it, and the next save to
+the same path removes it (numpy_tf.core.npz).
 
 Each history row also holds, per group of parameters (one group per block, e.g. "blocks.0";
 one per other module, e.g. "tokens", "final_norm"), the norm of the group's gradient before
@@ -12,7 +17,9 @@ clipping, "grad_norm:<group>", and of the update the step applied to it, ||p_aft
 p_before||, "update_norm:<group>": where a run's learning happens, layer by layer.
 
 Everything random comes from the Trainer's Generator, whose state the checkpoint holds: 10
-steps straight and 5 steps, save, load, 5 steps give bit-identical parameters.
+steps straight and 5 steps, save, load, 5 steps give bit-identical parameters and losses. The
+checkpoint also holds the history so far (`history` (steps, columns) float64, the columns in
+meta["history_columns"]), so a resumed run writes the whole run's history.
 """
 from __future__ import annotations
 
@@ -25,11 +32,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..core import validate
 from ..core.module import Module
 from ..optim import AdamW, clip_grad_norm, decay_groups, grads_finite
 from ..optim.optimizer import Optimizer
 from ..optim.schedule import warmup_cosine
 from .checkpoint import Checkpoint, save_checkpoint
+
+
+# the meta keys save_checkpoint and Trainer.save write themselves (the rest is extra_meta)
+CHECKPOINT_META = ("format", "model", "step", "rng", "optimizer", "settings", "history_columns")
 
 
 class TrainingStopped(RuntimeError):
@@ -38,6 +50,8 @@ class TrainingStopped(RuntimeError):
 
 @dataclass
 class TrainSettings:
+    """What a run does; every field is checked when the settings are made (a number must be
+    finite, a count an integer: NumPy integers are accepted, a bool or 2.7 is not)."""
     steps: int = 1000
     batch_size: int = 16
     lr: float = 3e-3
@@ -52,7 +66,17 @@ class TrainSettings:
     seed: int = 0
 
     def __post_init__(self):
-        self.betas = tuple(self.betas)
+        count, positive = validate.non_negative_int, validate.positive_int
+        validate.config_fields(self, {
+            "steps": positive, "batch_size": positive, "lr": validate.bounded(low=0.0),
+            "warmup": count, "weight_decay": validate.bounded(low=0.0),
+            "clip": validate.bounded(low=0.0), "eval_every": count, "log_every": positive,
+            "checkpoint_every": count, "seed": count})
+        validate.config_fields(self, {"min_lr": validate.bounded(0.0, self.lr)})
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2); got {self.betas!r}")
+        self.betas = tuple(validate.number(f"betas[{i}]", beta, low=0.0, high=1.0,
+                                           high_open=True) for i, beta in enumerate(self.betas))
 
 
 def make_optimizer(model: Module, settings: TrainSettings) -> Optimizer:
@@ -92,6 +116,11 @@ class Trainer:
                  checkpoint_path=None, extra_meta: dict | None = None,
                  extra_arrays: dict | None = None, optimizer: Optimizer | None = None,
                  rng: np.random.Generator | None = None, step: int = 0):
+        if not isinstance(settings, TrainSettings):
+            raise TypeError(f"settings must be a TrainSettings; got {type(settings).__name__}")
+        if not callable(sample_batch):
+            raise TypeError(f"sample_batch must be a function of a Generator returning a "
+                            f"batch; got {type(sample_batch).__name__}")
         self.objective, self.model = objective, objective.model
         self.sample_batch, self.settings = sample_batch, settings
         self.eval_batches = list(eval_batches)
@@ -100,8 +129,9 @@ class Trainer:
         self.extra_meta, self.extra_arrays = extra_meta or {}, extra_arrays or {}
         self.optimizer = optimizer or make_optimizer(self.model, settings)
         self.rng = rng or np.random.default_rng(settings.seed)
-        self.step = step
-        self.history: list[dict] = []
+        self.step = validate.non_negative_int("step", step)
+        self.history: list[dict] = []           # the rows of this Trainer's steps
+        self.earlier_history: list[dict] = []   # a resumed run's rows before them
         self.groups = parameter_groups(self.model)
 
     # -- one step -------------------------------------------------------------------------------
@@ -119,8 +149,7 @@ class Trainer:
             self.objective.backward(1.0, cache)
         parameters = self.model.parameters()
         if not grads_finite(parameters):
-            bad = [name for name, p in self.model.named_parameters()
-                   if not np.all(np.isfinite(p.grad))]
+            bad = _not_finite(dict(self.model.named_parameters()), "grad")
             self._stop(f"the gradient of {', '.join(bad[:3])} is not finite")
         named = dict(self.model.named_parameters())
         grad_norms = _group_norms("grad_norm:", {n: p.grad for n, p in named.items()},
@@ -131,7 +160,14 @@ class Trainer:
         lr = self.learning_rate(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        with np.errstate(all="ignore"):     # an overflow is caught below, with a clear message
+            self.optimizer.step()
+        bad = _not_finite(named)
+        if bad:
+            for name, p in named.items():
+                p.data[...] = before[name]
+            self._stop(f"the updated weights of {', '.join(bad[:3])} are not finite (lr "
+                       f"{lr:g}; the weights are put back as they were before this step)")
         self.step += 1
         updates = {name: p.data - before[name] for name, p in named.items()}
         tokens = int(np.prod(np.shape(batch[0])))
@@ -149,7 +185,8 @@ class Trainer:
         """Mean loss over the held-out batches, each weighted by its number of targets."""
         total, count = 0.0, 0
         for batch in self.eval_batches:
-            loss, cache = self.objective.forward(*batch)
+            with np.errstate(all="ignore"):     # a diverging run shows nan here, not warnings
+                loss, cache = self.objective.forward(*batch)
             kept = int(cache.loss.count) if hasattr(cache, "loss") else 1
             total += float(loss) * kept
             count += kept
@@ -187,11 +224,30 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save(self, path=None) -> None:
+        """Write the checkpoint (model, optimizer, step, Generator, settings, history). Weights
+        that are not finite are never saved: that raises TrainingStopped, and the file on
+        disk stays the last good one."""
         path = path or self.checkpoint_path
-        meta = {"settings": asdict(self.settings), **self.extra_meta}
+        bad = _not_finite(dict(self.model.named_parameters()))
+        if bad:
+            self._stop(f"the weights of {', '.join(bad[:3])} are not finite, so they are not "
+                       "saved")
+        columns, rows = self._history_table()
+        meta = {"settings": asdict(self.settings), "history_columns": columns,
+                **self.extra_meta}
         save_checkpoint(path, self.model, self.optimizer, self.step, self.rng, meta,
-                        self.extra_arrays)
-        self.last_checkpoint_step = self.step
+                        {**self.extra_arrays, "history": rows})
+        if path == self.checkpoint_path:
+            self.last_checkpoint_step = self.step
+
+    def _history_table(self) -> tuple[list[str], np.ndarray]:
+        """The history so far as (columns, (steps, columns) float64; NaN where a row has no
+        value, e.g. the steps without an evaluation)."""
+        rows = self.earlier_history + self.history
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        table = np.array([[float(row.get(key, np.nan)) for key in columns] for row in rows],
+                         dtype=np.float64).reshape(len(rows), len(columns))
+        return columns, table
 
     @classmethod
     def resume(cls, checkpoint: Checkpoint, objective_of: Callable[[Module], Module],
@@ -199,12 +255,28 @@ class Trainer:
         """A Trainer that continues exactly where `checkpoint` stopped: its model, optimizer
         state, step, settings and Generator."""
         settings = TrainSettings(**checkpoint.meta["settings"])
+        bad = _not_finite(dict(checkpoint.model.named_parameters()))
+        if bad:
+            raise ValueError(f"the checkpoint's weights of {', '.join(bad[:3])} are not "
+                             "finite; it cannot be resumed")
         objective = objective_of(checkpoint.model)
         optimizer = make_optimizer(checkpoint.model, settings)
         checkpoint.restore_optimizer(optimizer)
+        extra = {key: value for key, value in checkpoint.arrays.items()
+                 if not key.startswith(("param/", "optim/")) and key != "history"}
+        kwargs.setdefault("extra_arrays", extra)
+        kwargs.setdefault("extra_meta", {key: value for key, value in checkpoint.meta.items()
+                                         if key not in CHECKPOINT_META})
         trainer = cls(objective, sample_batch, settings, optimizer=optimizer,
                       rng=checkpoint.generator(), step=checkpoint.step, **kwargs)
         trainer.last_checkpoint_step = checkpoint.step
+        table = checkpoint.arrays.get("history")
+        columns = checkpoint.meta.get("history_columns", [])
+        if table is not None and table.shape == (table.shape[0], len(columns)):
+            trainer.earlier_history = [
+                {key: (int(value) if key in ("step", "tokens") else float(value))
+                 for key, value in zip(columns, row) if value == value}
+                for row in table if row[0] <= checkpoint.step]
         return trainer
 
     def write_history(self, path) -> None:
@@ -216,8 +288,14 @@ class Trainer:
         with open(path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, columns)
             writer.writeheader()
-            for row in self.history:
+            for row in self.earlier_history + self.history:
                 writer.writerow({key: row.get(key, "") for key in columns})
+
+
+def _not_finite(named: dict, attribute: str = "data") -> list[str]:
+    """The names of the parameters whose `attribute` (data or grad) holds an inf or NaN."""
+    return [name for name, parameter in named.items()
+            if not np.isfinite(getattr(parameter, attribute)).all()]
 
 
 def progress_line(row: dict, total: int, tokens_per_second: float, seconds_left: float) -> str:

@@ -46,7 +46,9 @@ from ...layers.embedding import Embedding, EmbeddingCache
 from ...layers.linear import Linear, LinearCache
 from ...layers.positions import SinusoidalPositions
 from ...text.datasets import DIGIT_VOCAB_SIZE
+from .. import checks
 from ..resize import check_new_size, normal, resize_embedding, resize_head, uniform
+from .layers import ACTIVATIONS
 from .transformer import DecoderCache, StackCache, Transformer
 
 
@@ -69,15 +71,24 @@ class Seq2SeqConfig:
     final_norms: bool = True            # the stacks' final LayerNorms (torch always has them)
 
     def __post_init__(self):
-        validate.flag("final_norms", self.final_norms)
-        validate.positive_int("tgt_vocab_size", self.tgt_vocab_size)
+        integer, flag = validate.positive_int, validate.flag
+        validate.config_fields(self, {
+            "final_norms": flag, "tgt_vocab_size": integer,
+            "src_vocab_size": validate.optional(integer),
+            "src_features": validate.optional(integer), "d_model": integer, "nhead": integer,
+            "num_encoder_layers": integer, "num_decoder_layers": integer,
+            "dim_feedforward": integer, "dropout": validate.bounded(0.0, 1.0, high_open=True),
+            "activation": validate.one_of(*ACTIVATIONS),
+            "layer_norm_eps": validate.positive_float, "norm_first": flag, "bias": flag,
+            "scale_embeddings": flag})
+        if self.d_model % self.nhead:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead "
+                             f"({self.nhead})")
         if self.src_features is None:
             if self.src_vocab_size is None:
                 raise ValueError("Seq2SeqConfig needs src_vocab_size (the source is token ids) "
                                  "or src_features (the source is feature vectors); got neither")
-            validate.positive_int("src_vocab_size", self.src_vocab_size)
         else:
-            validate.positive_int("src_features", self.src_features)
             if self.src_vocab_size is not None:
                 raise ValueError(f"Seq2SeqConfig with src_features={self.src_features} reads "
                                  "feature vectors, so the source has no vocabulary: give "
@@ -102,6 +113,11 @@ class EmbedCache(NamedTuple):
 class EncodeCache(NamedTuple):
     embedding: EmbedCache   # src -> x (B, S, C)
     encoder: StackCache     # x -> memory (B, S, C)
+    memory: np.ndarray      # (B, S, C) the encoder's output (the array returned, not a copy)
+
+    @property
+    def output_spec(self):  # the (shape, dtype) of the memory: dmemory's
+        return self.memory.shape, self.memory.dtype
 
 
 class DecodeCache(NamedTuple):
@@ -111,10 +127,18 @@ class DecodeCache(NamedTuple):
     present: list           # per decoder layer, the self-attention KVCache: the next past_kv
     cross_kv: list          # per decoder layer, the memory's KVCache: the next static_kv
 
+    @property
+    def output_spec(self):  # the (shape, dtype) of the logits: dlogits's
+        return checks.head_spec(self.output)
+
 
 class Seq2SeqCache(NamedTuple):
     encode: EncodeCache     # src -> memory
     decode: DecodeCache     # tgt_ids, memory -> logits
+
+    @property
+    def output_spec(self):  # the (shape, dtype) of the logits: dlogits's
+        return self.decode.output_spec
 
 
 class Seq2Seq(Module):
@@ -214,11 +238,13 @@ class Seq2Seq(Module):
             x, embedding = self._project(src)                       # (B, S, C)
         memory, encoder = self.transformer.encoder.forward(x, None, src_key_padding_mask,
                                                            None, rng)  # (B, S, C)
-        return memory, EncodeCache(embedding, encoder)
+        return memory, EncodeCache(embedding, encoder, memory)
 
     def encode_backward(self, dmemory, cache: EncodeCache):
         """The encoder side in exact reverse; returns dsrc (B, S, F) for feature inputs, None
-        for ids (integers have no gradient)."""
+        for ids (integers have no gradient). dmemory must have exactly the memory's shape
+        (B, S, C) and dtype."""
+        validate.backward_inputs(dmemory, cache, EncodeCache, "dmemory")
         dx = self.transformer.encoder.backward(dmemory, cache.encoder)  # memory = encoder(x)
         if self.config.src_features is not None:
             return self._project_backward(dx, cache.embedding)      # x = project(src)
@@ -230,8 +256,14 @@ class Seq2Seq(Module):
         """tgt_ids (B, T) at positions P .. P + T - 1 (P = the past_kv length) -> (logits
         (B, T, V), DecodeCache). With static_kv, memory is None; tgt_key_padding_mask covers
         the P + T positions."""
+        c = self.config
         validate.integer_array("tgt_ids", tgt_ids, ndim=2, shape="(B, T)")
-        offset = 0 if past_kv is None else past_kv[0][0].shape[2]
+        validate.ids_in_range("tgt_ids", tgt_ids, c.tgt_vocab_size)
+        heads = dict(batch=tgt_ids.shape[0], heads=c.nhead, head_dim=c.d_model // c.nhead,
+                     dtype=self.dtype)
+        offset = checks.past_kv(past_kv, c.num_decoder_layers, **heads)
+        checks.past_kv(static_kv, c.num_decoder_layers, **heads, legend="B, H, S, d",
+                       name="static_kv")
         y, embedding = self._embed(self.tgt_embedding, tgt_ids, offset)  # (B, T, C)
         h, decoder = self.transformer.decoder.forward(
             y, memory, None, None, tgt_key_padding_mask, src_key_padding_mask,
@@ -241,7 +273,9 @@ class Seq2Seq(Module):
                                    decoder.cross_kv)
 
     def decode_backward(self, dlogits, cache: DecodeCache):
-        """Returns dmemory (None when static_kv stood for the memory)."""
+        """Returns dmemory (None when static_kv stood for the memory). dlogits must have
+        exactly the logits' shape (B, T, V) and dtype."""
+        validate.backward_inputs(dlogits, cache, DecodeCache, "dlogits")
         dh = self.output.backward(dlogits, cache.output)            # logits = output(h)
         dy, dmemory = self.transformer.decoder.backward(dh, cache.decoder)  # h = decoder(y, memory)
         self._embed_backward(self.tgt_embedding, dy, cache.embedding)  # y = embed(tgt_ids)
@@ -267,5 +301,6 @@ class Seq2Seq(Module):
     def backward(self, dlogits, cache: Seq2SeqCache):
         """The forward in exact reverse: the decoder side, then the encoder with the memory's
         gradient. Returns dsrc for feature inputs, None for ids (integers have no gradient)."""
+        validate.backward_inputs(dlogits, cache, Seq2SeqCache, "dlogits")
         dmemory = self.decode_backward(dlogits, cache.decode)       # logits = decode(tgt, memory)
         return self.encode_backward(dmemory, cache.encode)          # memory = encode(src)

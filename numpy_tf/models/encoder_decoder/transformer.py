@@ -156,6 +156,11 @@ class TransformerDecoder(_Stack):
 class TransformerCache(NamedTuple):
     encoder: StackCache         # src -> memory (B, S, C)
     decoder: DecoderCache       # tgt, memory -> out (B, T, C)
+    out: np.ndarray             # (B, T, C) or (T, B, C) the output (the array returned)
+
+    @property
+    def output_spec(self):      # the (shape, dtype) of the output: dout's
+        return self.out.shape, self.out.dtype
 
 
 class Transformer(Module):
@@ -179,6 +184,10 @@ class Transformer(Module):
                  dtype=np.float64):
         super().__init__(dtype)
         final_norms = validate.flag("final_norms", final_norms)
+        num_encoder_layers = validate.positive_int("num_encoder_layers", num_encoder_layers)
+        num_decoder_layers = validate.positive_int("num_decoder_layers", num_decoder_layers)
+        dropout = validate.number("dropout", dropout, low=0.0, high=1.0, high_open=True)
+        layer_norm_eps = validate.positive_float("layer_norm_eps", layer_norm_eps)
         rng = np.random.default_rng(rng)
         options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
                        layer_norm_eps=layer_norm_eps, batch_first=batch_first,
@@ -219,11 +228,13 @@ class Transformer(Module):
         out, decoder = self.decoder.forward(tgt, memory, tgt_mask, memory_mask,
                                             tgt_key_padding_mask, memory_key_padding_mask,
                                             tgt_is_causal, memory_is_causal, rng)  # (B, T, C)
-        return out, TransformerCache(encoder, decoder)
+        return out, TransformerCache(encoder, decoder, out)
 
     def backward(self, dout, cache: TransformerCache):
         """The decoder in reverse gives dtgt and the memory's gradient (summed over the decoder
-        layers); the encoder in reverse turns the latter into dsrc."""
+        layers); the encoder in reverse turns the latter into dsrc. dout must have exactly
+        the output's shape and dtype."""
+        validate.backward_inputs(dout, cache, TransformerCache)
         dtgt, dmemory = self.decoder.backward(dout, cache.decoder)  # out = decoder(tgt, memory)
         dsrc = self.encoder.backward(dmemory, cache.encoder)        # memory = encoder(src)
         return dsrc, dtgt
