@@ -21,6 +21,7 @@ import cbow  # noqa: E402
 import feedforward  # noqa: E402
 import gpt  # noqa: E402
 import llama  # noqa: E402
+import mistral  # noqa: E402
 import layers  # noqa: E402
 import norm  # noqa: E402
 import optim  # noqa: E402
@@ -29,7 +30,7 @@ import rope  # noqa: E402
 import transformer  # noqa: E402
 
 FAMILIES = [layers, norm, positions, rope, attention, feedforward, optim, gpt, cbow, llama,
-            transformer, bert]
+            transformer, bert, mistral]
 
 
 def main(argv=None) -> int:

@@ -145,6 +145,20 @@ def run_cbow_case(case: Case) -> dict[str, np.ndarray]:
             **{f"grad/{name}": gradient for name, gradient in model.grad_dict().items()}}
 
 
+def run_decoding_case(case: Case) -> dict[str, np.ndarray]:
+    """KV-cache decoding (kind kv_decoding, a Hugging Face model's config): the first
+    meta["prompt_length"] ids in one call, then one id per call with the `present` of the call
+    before as past_kv; the logits of every call, concatenated along T."""
+    model = from_hf(case.meta["config"], case.section("param"), case.dtype)
+    ids, prompt = case.arrays["input/ids"], case.meta["prompt_length"]
+    logits, cache = model.forward(ids[:, :prompt])
+    steps = [logits]
+    for t in range(prompt, ids.shape[1]):
+        logits, cache = model.forward(ids[:, t:t + 1], past_kv=cache.present)
+        steps.append(logits)
+    return {"output/logits": np.concatenate(steps, axis=1)}
+
+
 # kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's
 # steps, CBOW's loss; the whole models of the registry's families run through run_model_case,
 # below): run(case) -> {key: array} for the keys the case holds, and gradcheck(case) ->
@@ -153,6 +167,7 @@ RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckRepor
     "optimizer": (run_optimizer_case, lambda case: None),
     "clip_grad_norm": (run_clip_case, lambda case: None),
     "lr_schedule": (run_schedule_case, lambda case: None),
+    "kv_decoding": (run_decoding_case, lambda case: None),
     "cbow": (run_cbow_case, lambda case: gradcheck_module(
         _cbow(case), case.arrays["input/contexts"], title="cbow")),
 }

@@ -336,13 +336,16 @@ def count_llama_hf(config: dict) -> Accounting:
 
 
 def llama_hf_config(config) -> dict:
-    """The HF llama config.json of a LlamaConfig (interop.llama_config reads it back)."""
+    """The HF llama config.json of a LlamaConfig (interop.llama_config reads it back); with a
+    sliding window, a mistral one."""
     names = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
              "max_position_embeddings", "attention_bias", "mlp_bias", "attention_dropout",
              "pad_token_id", "initializer_range")
+    window = {} if config.sliding_window is None else \
+        {"model_type": "mistral", "sliding_window": config.sliding_window}   # Mistral's window
     return {"model_type": "llama", **{name: getattr(config, name) for name in names},
-            "num_key_value_heads": config.kv_heads, "head_dim": config.head_width}
+            "num_key_value_heads": config.kv_heads, "head_dim": config.head_width, **window}
 
 
 # -- BERT: counted as HF's BertForMaskedLM (numpy_tf's Bert holds exactly its parameters) ------

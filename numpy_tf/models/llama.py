@@ -29,6 +29,7 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, ModuleList
+from ..layers.attention import check_window
 from ..layers.embedding import Embedding, EmbeddingCache, normal_init
 from ..layers.linear import Linear, LinearCache
 from ..layers.mlp import SwiGLU, SwiGLUCache
@@ -58,6 +59,7 @@ class LlamaConfig:
     attention_dropout: float = 0.0
     pad_token_id: int | None = None         # its embedding row gets no gradient, as in HF
     initializer_range: float = 0.02
+    sliding_window: int | None = None       # Mistral's: query i sees keys j > i - W only
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -76,6 +78,7 @@ class LlamaConfig:
                                    "features")
         validate.positive_float("rms_norm_eps", self.rms_norm_eps)
         validate.positive_float("rope_theta", self.rope_theta)
+        check_window("sliding_window", self.sliding_window)
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id must be None or in [0, {self.vocab_size}); got "
                              f"{self.pad_token_id!r}")
@@ -136,7 +139,7 @@ class LlamaDecoderLayer(Module):
         self.self_attn = MultiHeadAttention(
             c.hidden_size, c.num_attention_heads, c.kv_heads, c.head_width, c.attention_bias,
             c.attention_dropout, rope=True, rope_base=c.rope_theta, rope_interleaved=False,
-            rng=rng, dtype=dtype)
+            sliding_window=c.sliding_window, rng=rng, dtype=dtype)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias, rng=rng, dtype=dtype)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)

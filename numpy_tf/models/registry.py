@@ -7,8 +7,9 @@ families and presets up here, by one set of names:
     family    config class   model class  Hugging Face model_type  presets
     gpt       GPTConfig      GPT          gpt2                     gpt2, gpt2-tiny, tiny-gpt,
                                                                    char-gpt
-    llama     LlamaConfig    Llama        llama                    smollm2-135m, llama-2-7b,
-                                                                   llama-tiny
+    llama     LlamaConfig    Llama        llama, mistral           smollm2-135m, llama-2-7b,
+                                                                   llama-tiny, mistral-7b-v0.1,
+                                                                   mistral-tiny
     bert      BertConfig     Bert         bert                     bert-base-uncased, bert-tiny
     seq2seq   Seq2SeqConfig  Seq2Seq      - (torch.nn.Transformer) seq2seq-tiny, seq2seq-digits,
                                                                    transformer-base
@@ -314,7 +315,8 @@ register_family(Family(
     hf_config=gpt2_hf_config))
 register_family(Family(
     "llama", "Llama: RMSNorm, RoPE, grouped-query attention, SwiGLU", Llama, LlamaConfig,
-    NextTokenLoss, hf_model_types=("llama",), count=count_llama, count_hf=count_llama_hf,
+    NextTokenLoss, hf_model_types=("llama", "mistral"), count=count_llama,
+    count_hf=count_llama_hf,
     hf_config=llama_hf_config))
 register_family(Family(
     "bert", "BERT: a bidirectional encoder with its masked-LM head", Bert, BertConfig,
@@ -344,6 +346,14 @@ for _preset in [
            "(meta-llama/Llama-2-7b-hf)", hf=True),
     Preset("llama-tiny", "llama", LlamaConfig(num_key_value_heads=2),
            "a toy Llama with two key/value heads for four query heads"),
+    Preset("mistral-7b-v0.1", "llama", LlamaConfig(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
+        max_position_embeddings=32768, sliding_window=4096),
+        "Mistral-7B-v0.1's shape (mistralai/Mistral-7B-v0.1): a Llama with a 4096-position "
+        "sliding window", hf=True),
+    Preset("mistral-tiny", "llama", LlamaConfig(num_key_value_heads=2, sliding_window=3),
+           "a toy Mistral: llama-tiny with a sliding window of 3 positions"),
     Preset("bert-base-uncased", "bert", BertConfig(
         vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
         intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2),
