@@ -19,6 +19,7 @@ import attention  # noqa: E402
 import bert  # noqa: E402
 import cbow  # noqa: E402
 import feedforward  # noqa: E402
+import gemma  # noqa: E402
 import gpt  # noqa: E402
 import llama  # noqa: E402
 import mistral  # noqa: E402
@@ -30,7 +31,7 @@ import rope  # noqa: E402
 import transformer  # noqa: E402
 
 FAMILIES = [layers, norm, positions, rope, attention, feedforward, optim, gpt, cbow, llama,
-            transformer, bert, mistral]
+            transformer, bert, mistral, gemma]
 
 
 def main(argv=None) -> int:

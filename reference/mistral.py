@@ -126,37 +126,44 @@ def decoding_case(path, model, ids, prompt, config, seed, dtype, generator_file,
                                 level="model", **extra), arrays)
 
 
-def build(out_dir):
-    from transformers import MistralConfig, MistralForCausalLM
-
+def hf_cases(out_dir, config_class, model_class, small, cases, decoding, kind, faithful,
+             convention, generator_file, prepare=None):
+    """Every case of one HF family in both dtypes: model cases (name, seed, config changes,
+    right padding) and decoding cases (name, seed, changes); `faithful()` patches HF's float32
+    islands for the float64 cases, `prepare(model, dtype)` sets what else a case needs."""
     paths = []
     for dtype in DTYPES:
-        conventions = {"float64": FLOAT64_CONVENTION} if dtype == "float64" else None
-        for name, seed, changes, padded in CASES:
+        conventions = {"float64": convention} if dtype == "float64" else None
+        for name, seed, changes, *padded in cases + decoding:
             g = generator(seed)
-            hf_config = MistralConfig(**SMALL, **changes)
-            model = MistralForCausalLM(hf_config).to(DTYPES[dtype]).eval()
+            hf_config = config_class(**small, **changes)
+            model = model_class(hf_config).to(DTYPES[dtype]).eval()
             spread_weights(model, g, dtype)
+            if prepare is not None:
+                prepare(model, dtype)
             ids = torch.randint(0, hf_config.vocab_size, (2, 9), generator=g)
+            path = out_dir / f"{name}_{dtype}.npz"
+            config = hf_config_dict(hf_config)
+            if not padded:                                      # a decoding case
+                with patched_when(dtype, faithful):
+                    paths.append(decoding_case(path, model, ids, 3, config, seed, dtype,
+                                               generator_file, conventions))
+                continue
             mask = None
-            if padded:
+            if padded[0]:
                 mask = torch.ones(2, 9, dtype=torch.long)
                 mask[1, 6:] = 0
                 ids[1, 6:] = hf_config.pad_token_id
             if dtype == "float32":
-                check_patch_is_exact_in_float32(model, ids, mask, float64_faithful)
-            with patched_when(dtype, float64_faithful):
-                paths.append(lm_case(out_dir / f"{name}_{dtype}.npz", model, ids, mask,
-                                     hf_config_dict(hf_config), "hf_mistral", seed, dtype,
-                                     hf_lm_loss, FILE, conventions))
-        for name, seed, changes in DECODING:
-            g = generator(seed)
-            hf_config = MistralConfig(**SMALL, **changes)
-            model = MistralForCausalLM(hf_config).to(DTYPES[dtype]).eval()
-            spread_weights(model, g, dtype)
-            ids = torch.randint(0, hf_config.vocab_size, (2, 9), generator=g)
-            with patched_when(dtype, float64_faithful):
-                paths.append(decoding_case(out_dir / f"{name}_{dtype}.npz", model, ids, 3,
-                                           hf_config_dict(hf_config), seed, dtype, FILE,
-                                           conventions))
+                check_patch_is_exact_in_float32(model, ids, mask, faithful)
+            with patched_when(dtype, faithful):
+                paths.append(lm_case(path, model, ids, mask, config, kind, seed, dtype,
+                                     hf_lm_loss, generator_file, conventions))
     return paths
+
+
+def build(out_dir):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return hf_cases(out_dir, MistralConfig, MistralForCausalLM, SMALL, CASES, DECODING,
+                    "hf_mistral", float64_faithful, FLOAT64_CONVENTION, FILE)

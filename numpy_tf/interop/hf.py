@@ -24,6 +24,7 @@ from ..models import registry
 from ..models.gpt import GPTConfig
 from ..models.llama import LlamaConfig
 from .hf_bert import bert_buffer, bert_config, bert_layout
+from .hf_gemma import gemma_config, gemma_layout
 from .layout import Layout
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -234,5 +235,10 @@ HF_FAMILIES = {family.name: family for family in [
         "llama", config=llama_config, layout=lambda config: llama_layout(llama_config(config)),
         ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
         if config.get("tie_word_embeddings", False) else [],
+        ignored=_llama_buffer),
+    HFFamily(
+        "gemma", config=gemma_config, layout=lambda config: gemma_layout(gemma_config(config)),
+        ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
+        if config.get("tie_word_embeddings", True) else [],
         ignored=_llama_buffer),
 ]}

@@ -228,6 +228,7 @@ def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=Non
     W: query i sees only keys j > i + causal_offset - W; `softcap` c: the scaled scores
     become c tanh(s q k^T / c) before the masks (Gemma2's attn_logit_softcapping)."""
     dropout_p = _check_attention_inputs(q, k, v, dropout_p, rng)
+    softcap = None if softcap is None else validate.positive_float("softcap", softcap)
     batch, heads, tq, width = q.shape
     groups, tk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(width) if scale is None else float(scale)

@@ -14,6 +14,8 @@ families and presets up here, by one set of names:
     seq2seq   Seq2SeqConfig  Seq2Seq      - (torch.nn.Transformer) seq2seq-tiny, seq2seq-digits,
                                                                    transformer-base
     cbow      -              CBOW         -                        -
+    gemma     GemmaConfig    Gemma        gemma, gemma2            gemma-2b, gemma-2-2b,
+                                                                   gemma-tiny, gemma2-tiny
 
     preset = find_preset("llama-tiny")                 # or PRESETS["llama-tiny"]
     model = family("llama-tiny").model_class(preset.config)   # a model from a name
@@ -63,12 +65,14 @@ from typing import Any, Callable, Mapping
 
 from ..text.tokenizers import ByteTokenizer
 from .accounting import (TORCH_TRANSFORMER, bert_hf_config, count_bert, count_bert_hf,
-                         count_gpt, count_gpt2_hf, count_llama, count_llama_hf,
-                         count_seq2seq, count_torch_transformer, gpt2_hf_config,
-                         llama_hf_config, torch_transformer_config)
+                         count_gemma, count_gemma_hf, count_gpt, count_gpt2_hf, count_llama,
+                         count_llama_hf, count_seq2seq, count_torch_transformer,
+                         gemma_hf_config, gpt2_hf_config, llama_hf_config,
+                         torch_transformer_config)
 from .bert import Bert, BertConfig
 from .cbow import CBOW
 from .encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
+from .gemma import Gemma, GemmaConfig
 from .gpt import GPT, GPTConfig
 from .llama import Llama, LlamaConfig
 from .objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss
@@ -328,6 +332,11 @@ register_family(Family(
     torch_modules=(TORCH_TRANSFORMER,), count_torch=count_torch_transformer,
     torch_config=torch_transformer_config))
 register_family(Family("cbow", "CBOW word vectors (word2vec's continuous bag of words)", CBOW))
+register_family(Family(
+    "gemma", "Gemma and Gemma2: Gemma's RMSNorm, a scaled embedding, GeGLU, a tied head; "
+    "Gemma2's sandwich norms, soft caps and alternating sliding window", Gemma, GemmaConfig,
+    NextTokenLoss, hf_model_types=("gemma", "gemma2"), count=count_gemma,
+    count_hf=count_gemma_hf, hf_config=gemma_hf_config))
 
 for _preset in [
     Preset("gpt2", "gpt", GPTConfig.gpt2(), "GPT-2 124M (Hugging Face gpt2)",
@@ -354,6 +363,18 @@ for _preset in [
         "sliding window", hf=True),
     Preset("mistral-tiny", "llama", LlamaConfig(num_key_value_heads=2, sliding_window=3),
            "a toy Mistral: llama-tiny with a sliding window of 3 positions"),
+    Preset("gemma-2b", "gemma", GemmaConfig.gemma_2b(), "Gemma-2B's shape (google/gemma-2b)",
+           hf=True),
+    Preset("gemma-2-2b", "gemma", GemmaConfig.gemma2_2b(), "Gemma-2-2B's shape "
+           "(google/gemma-2-2b)", hf=True),
+    Preset("gemma-tiny", "gemma", GemmaConfig(num_key_value_heads=2),
+           "a toy Gemma with two key/value heads for four query heads"),
+    Preset("gemma2-tiny", "gemma", GemmaConfig(
+        num_hidden_layers=3, num_key_value_heads=2, model_type="gemma2",
+        query_pre_attn_scalar=8, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+        sliding_window=3, layer_types=("sliding_attention", "full_attention",
+                                       "sliding_attention")),
+        "a toy Gemma2: sandwich norms, soft caps, a window of 3 on layers 0 and 2"),
     Preset("bert-base-uncased", "bert", BertConfig(
         vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
         intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2),

@@ -47,7 +47,7 @@ def cross_entropy(g, shape, dtype, ignored=0, label_smoothing=0.0, reduction="me
 
 
 def attention(g, shape, dtype, kv_heads=None, keys=None, value_dim=None, causal=False,
-               mask=None, padding=None, dropout_p=0.0):
+               mask=None, padding=None, dropout_p=0.0, window=None, softcap=None):
     batch, heads, queries, width = shape
     groups, keys = kv_heads or heads, keys or queries
     attn_mask = key_padding_mask = None
@@ -63,13 +63,14 @@ def attention(g, shape, dtype, kv_heads=None, keys=None, value_dim=None, causal=
     return {"q": normal(g, shape, dtype), "k": normal(g, (batch, groups, keys, width), dtype),
             "v": normal(g, (batch, groups, keys, value_dim or width), dtype),
             "attn_mask": attn_mask, "key_padding_mask": key_padding_mask, "is_causal": causal,
-            "causal_offset": 0, "dropout_p": dropout_p, "rng": 7, "scale": None}
+            "causal_offset": 0, "dropout_p": dropout_p, "rng": 7, "scale": None,
+            "window": window, "softcap": softcap}
 
 
 def flash_attention(g, shape, dtype, block_q=64, block_k=64, causal_offset=0, **options):
     """attention's inputs (no dropout: FlashAttention's reference has none) and the tiles."""
     inputs = attention(g, shape, dtype, **options)
-    del inputs["dropout_p"], inputs["rng"]
+    del inputs["dropout_p"], inputs["rng"], inputs["window"], inputs["softcap"]
     return {**inputs, "causal_offset": causal_offset, "block_q": block_q, "block_k": block_k}
 
 
