@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from common import DTYPES, float_case, normal
 from llama import _rotary_in_working_dtype
 from mistral import hf_cases, replaced
 
@@ -110,6 +112,48 @@ def _exact_embed_scale(model, dtype: str) -> None:
             model.model.embed_tokens.embed_scale.fill_(model.config.hidden_size ** 0.5)
 
 
+class SoftCap(nn.Module):
+    """Gemma2's final_logit_softcapping as HF writes it: divide, tanh, multiply."""
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, x):
+        return torch.tanh(x / self.cap) * self.cap
+
+
+def layer_cases(out_dir):
+    """The new layers on their own: HF's GemmaRMSNorm (its float32 cast patched away in
+    float64), HF's GemmaMLP (GeGLU, gelu_pytorch_tanh) and the soft cap, with values large
+    enough that tanh saturates."""
+    from transformers import GemmaConfig
+    from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
+
+    paths = []
+    for dtype in DTYPES:
+        def x(shape, std=1.0):
+            return lambda g: normal(g, shape, dtype, std)
+
+        norm = GemmaRMSNorm(8, eps=1e-6)
+        if dtype == "float64":
+            norm.forward = _rms_norm_in_working_dtype.__get__(norm)
+        paths.append(float_case(out_dir, FILE, "gemma_rmsnorm", "gemma_rmsnorm", 160, dtype,
+                                norm, {"normalized_shape": 8, "eps": 1e-6},
+                                {"x": x((2, 3, 8), 2.0)},
+                                conventions={"rmsnorm": "(1 + w) x / sqrt(mean(x^2) + eps)"}))
+        mlp = GemmaMLP(GemmaConfig(hidden_size=6, intermediate_size=10,
+                                   hidden_act="gelu_pytorch_tanh"))
+        paths.append(float_case(out_dir, FILE, "geglu", "geglu", 161, dtype, mlp,
+                                {"hidden_size": 6, "intermediate_size": 10},
+                                {"x": x((2, 3, 6), 1.5)},
+                                conventions={"mlp": "down(gelu_tanh(gate(x)) * up(x))"}))
+        paths.append(float_case(out_dir, FILE, "softcap", "softcap", 162, dtype, SoftCap(3.0),
+                                {"cap": 3.0}, {"x": x((2, 5, 7), 6.0)},
+                                conventions={"softcap": "cap * tanh(x / cap)"}))
+    return paths
+
+
 def build(out_dir):
     from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
                               GemmaForCausalLM)
@@ -121,4 +165,4 @@ def build(out_dir):
                       GEMMA2_DECODING, "hf_gemma2",
                       _faithful("transformers.models.gemma2.modeling_gemma2", "Gemma2"),
                       FLOAT64_CONVENTION.format(prefix="Gemma2"), FILE, _exact_embed_scale)
-    return gemma + gemma2
+    return layer_cases(out_dir) + gemma + gemma2

@@ -213,6 +213,12 @@ def test_fast_gradient_check_of_every_parameter(gemma2, tied, bias, seed):
     assert report.passed, str(report)
 
 
+@pytest.mark.parametrize("name", ["softcap", "gemma_rmsnorm", "geglu"])
+def test_the_new_layers_agree_with_torch_and_hugging_face(name):
+    """c tanh(x / c) in torch; HF's GemmaRMSNorm and GemmaMLP themselves (every gradient)."""
+    assert_fixture_agrees(name)
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_agrees_with_hugging_face(name):
     """Logits, loss and every gradient in HF's layout, float64 (islands patched) and
@@ -261,6 +267,17 @@ def test_hf_cached_decoding_equals_our_full_forward():
         full, _ = model.forward(case.arrays["input/ids"])
         expected = case.arrays["output/logits"]
         assert np.abs(full - expected).max() <= bound * np.abs(expected).max()
+
+
+def test_full_finite_differences_of_one_gemma2_block():
+    from numpy_tf.models.gemma import Gemma2DecoderLayer
+
+    block = _spread(Gemma2DecoderLayer(_gemma2(attention_bias=True, intermediate_size=5),
+                                       0, rng=16), 16)
+    x = np.random.default_rng(17).standard_normal((2, 4, 16))
+    report = gradcheck_module(block, x, seed=18)
+    assert report.passed, str(report)
+    assert len(report.rows) == 1 + 4 * 2 + 3 + 4              # x, projections, MLP, norms
 
 
 @pytest.mark.parametrize("window", [1, 2, 4])

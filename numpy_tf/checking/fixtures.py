@@ -30,6 +30,7 @@ from ..layers.multihead import MultiHeadAttention
 from ..layers.norm import LayerNorm, RMSNorm
 from ..layers.positions import LearnedPositions, SinusoidalPositions
 from ..layers.rope import RotaryEmbedding
+from ..layers.softcap import SoftCap
 from ..layers.softmax import LogSoftmax, Softmax
 from ..models import registry
 from ..models.cbow import CBOW
@@ -69,6 +70,11 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
                                       dtype=dtype),
     "feedforward": lambda c, dtype: feedforward(c["width"], c["hidden"], c["activation"],
                                                 c["bias"], dtype=dtype),
+    "gemma_rmsnorm": lambda c, dtype: RMSNorm(c["normalized_shape"], c["eps"], dtype=dtype,
+                                              unit_offset=True),
+    "geglu": lambda c, dtype: SwiGLU(c["hidden_size"], c["intermediate_size"],
+                                     activation="gelu_tanh", dtype=dtype),
+    "softcap": lambda c, dtype: SoftCap(c["cap"], dtype),
 }
 
 def run_optimizer_case(case: Case) -> dict[str, np.ndarray]:
