@@ -253,8 +253,8 @@ class RMSNorm(Module):
     REQUIRED: torch's eps=None (finfo(dtype).eps) has no counterpart here, pass the model's
     value (1e-6 or 1e-5 for Llama). Parameter `weight` (C,) initialised to ones, as torch; None
     without elementwise_affine. There is no bias. unit_offset=True is Gemma's RMSNorm: the
-    scale is 1 + weight, and the weight starts at zeros (HF's GemmaRMSNorm). Runs kernels.norm unless inside
-    numpy_tf.reference_path()."""
+    scale is 1 + weight, and the weight starts at zeros (HF's GemmaRMSNorm). Runs kernels.norm
+    unless inside numpy_tf.reference_path()."""
 
     def __init__(self, normalized_shape: int, eps: float, elementwise_affine: bool = True,
                  dtype=np.float64, *, unit_offset: bool = False):
