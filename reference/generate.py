@@ -27,9 +27,11 @@ import attention  # noqa: E402
 import bert  # noqa: E402
 import cbow  # noqa: E402
 import feedforward  # noqa: E402
+import gemma  # noqa: E402
 import gpt  # noqa: E402
 import llama  # noqa: E402
 import mixtral  # noqa: E402
+import mistral  # noqa: E402
 import layers  # noqa: E402
 import neox  # noqa: E402
 import norm  # noqa: E402
@@ -39,7 +41,7 @@ import rope  # noqa: E402
 import transformer  # noqa: E402
 
 FAMILIES = [layers, norm, positions, rope, attention, feedforward, optim, gpt, cbow, llama,
-            transformer, bert, neox, mixtral]
+            transformer, bert, neox, mixtral, mistral, gemma]
 
 
 def main(argv=None) -> int:

@@ -152,3 +152,15 @@ def assert_hf_round_trip_is_bit_exact(config: dict, state: dict, dtype) -> None:
     for key in state:
         assert exported[key].dtype == state[key].dtype
         assert exported[key].tobytes() == state[key].tobytes(), key
+
+
+def assert_cached_decoding_equals_the_full_forward(model, ids: np.ndarray, prompt: int) -> None:
+    """The first `prompt` ids in one call, then one id per call with the `present` of the call
+    before as past_kv: the logits of every call equal one forward of the whole sequence."""
+    full, _ = model.forward(ids)
+    logits, cache = model.forward(ids[:, :prompt])
+    steps = [logits]
+    for t in range(prompt, ids.shape[1]):
+        logits, cache = model.forward(ids[:, t:t + 1], past_kv=cache.present)
+        steps.append(logits)
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-12, atol=1e-12)

@@ -100,7 +100,8 @@ def test_counting_allocates_no_weights():
 @pytest.mark.parametrize("config, message", [
     ("no-such-model", "'no-such-model' is neither a file nor a preset; presets: gpt2"),
     ("missing/config.json", "no such file: 'missing/config.json'"),
-    ({"model_type": "t5"}, "model_type 't5' is not supported; supported: gpt2, llama, bert"),
+    ({"model_type": "t5"},
+     "model_type 't5' is not supported; supported: gpt2, llama, mistral, bert"),
     ({"width": 8, "depth": 2}, "no model_type and is not a numpy_tf GPTConfig .unknown keys: "
                                "depth"),
     ({"model_type": "llama", "vocab_size": 10}, "llama config lacks 'hidden_size'"),

@@ -17,6 +17,7 @@ import numpy_tf
 from numpy_tf import (CBOW, GPT, Bert, BertConfig, GPTConfig, GPTNeoX, Llama, LlamaConfig,
                       NeoXConfig, Seq2Seq, Seq2SeqConfig, Transformer, reference_path)
 from numpy_tf.core import kernels_enabled
+from numpy_tf.models import Gemma, GemmaConfig
 from numpy_tf.models.mixtral import Mixtral, MixtralConfig
 
 # Measured (logits / worst gradient, float32 then float64): GPT tiny 2 / 4.25, 1 / 4.75;
@@ -93,6 +94,23 @@ def _mixtral(dtype):
     return model, (np.random.default_rng(7).integers(0, 48, (2, 7)),), {}
 
 
+def _mistral(dtype):
+    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=40,
+                         num_attention_heads=4, num_key_value_heads=2, sliding_window=3)
+    model = Llama(config, rng=8, dtype=dtype)
+    return model, (np.random.default_rng(7).integers(0, 48, (2, 7)),), {}
+
+
+def _gemma2(dtype):
+    config = GemmaConfig(vocab_size=48, hidden_size=32, intermediate_size=40,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         model_type="gemma2", query_pre_attn_scalar=8,
+                         attn_logit_softcapping=2.0, final_logit_softcapping=5.0,
+                         sliding_window=3, layer_types=("sliding_attention", "full_attention"))
+    model = Gemma(config, rng=9, dtype=dtype)
+    return model, (np.random.default_rng(8).integers(0, 48, (2, 7)),), {}
+
+
 def _bert(dtype):
     model = Bert(BertConfig(), rng=4, dtype=dtype)
     ids = np.random.default_rng(3).integers(1, 32, (2, 9))
@@ -123,7 +141,8 @@ def _cbow(dtype):
 
 FAMILIES = {"GPT (tiny)": _gpt, "GPT-2 layout": _gpt2, "Llama (GQA)": _llama,
             "GPT-NeoX": _neox, "BERT": _bert, "Transformer": _transformer, "Seq2Seq": _seq2seq,
-            "CBOW": _cbow, "Mixtral": _mixtral}
+            "CBOW": _cbow, "Mixtral": _mixtral, "Mistral (window)": _mistral,
+            "Gemma2 (window, soft caps)": _gemma2}
 
 
 def _run(build, dtype, forward_reference: bool, backward_reference: bool):

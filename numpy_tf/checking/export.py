@@ -50,6 +50,7 @@ from ..models import registry
 from ..models.bert import Bert
 from ..models.encoder_decoder.seq2seq import Seq2Seq
 from ..models.gpt import GPT
+from ..models.gemma import Gemma
 from ..models.llama import Llama
 from ..models.neox import GPTNeoX
 from ..models.mixtral import Mixtral
@@ -174,6 +175,50 @@ def _llama_conventions(model: Llama) -> dict:
                 "is the sum of both uses)" if c.tie_word_embeddings else "untied",
         "positions": "RoPE only (no absolute positions)", "gelu": "none (SiLU in the MLP)",
         "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
+        "sliding_window": _window_convention(c.sliding_window),
+    }
+
+
+def _window_convention(window) -> str:
+    return "none" if window is None else \
+        f"{window}: query i sees keys i - {window} < j <= i only (Mistral's, HF's)"
+
+
+def _gemma_conventions(model: Gemma) -> dict:
+    c = model.config
+    gemma2 = c.model_type == "gemma2"
+    scale = f"query_pre_attn_scalar^(-1/2) = {c.query_pre_attn_scalar:g}^(-1/2)" \
+        if c.query_pre_attn_scalar else "1 / sqrt(d)"
+    windows = [c.layer_window(i) for i in range(c.num_hidden_layers)]
+    return {
+        "model": "ids -> embed_tokens -> times sqrt(hidden_size) rounded to the working dtype "
+                 "-> layers -> norm -> lm_head (Linear, no bias) = logits"
+                 + (f" -> c tanh(logits / c), c = {c.final_logit_softcapping:g}"
+                    if c.final_logit_softcapping else "")
+                 + f"; names are HF {'Gemma2' if gemma2 else 'Gemma'}ForCausalLM's without "
+                 "the `model.` prefix",
+        "block": "u = x + post_attention_layernorm(self_attn(input_layernorm(x))); y = u + "
+                 "post_feedforward_layernorm(mlp(pre_feedforward_layernorm(u)))" if gemma2
+                 else "u = x + self_attn(input_layernorm(x)); y = u + mlp("
+                      "post_attention_layernorm(u))",
+        "attention": f"causal self-attention, {c.num_attention_heads} query heads and "
+                     f"{c.kv_heads} key/value heads of {c.head_width} (HF repeat_kv order); "
+                     f"scores scaled by {scale}"
+                     + (f", soft-capped c tanh(s / c), c = {c.attn_logit_softcapping:g}, "
+                        "before the masks" if c.attn_logit_softcapping else ""),
+        "sliding_window": "; ".join(f"layer {i}: {_window_convention(w)}"
+                                    for i, w in enumerate(windows)),
+        "rope": f"halves layout (HF rotate_half), inv_freq_i = {c.rope_theta:g}^(-2i/d), "
+                "angles in the working dtype",
+        "rmsnorm": f"Gemma's: (1 + w) x / sqrt(mean(x^2) + eps), eps = {c.rms_norm_eps:g}, "
+                   "in the working dtype (HF casts to float32)",
+        "mlp": "GeGLU: down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))",
+        "gelu": "tanh GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in the MLP's gate",
+        "key_padding_mask": "(B, T) bool, True = padding: blocked as a key",
+        "biases": f"attention {c.attention_bias}, mlp none, lm_head none",
+        "tied": "lm_head.weight IS embed_tokens.weight (listed under both names; its gradient "
+                "is the sum of both uses)" if c.tie_word_embeddings else "untied",
+        "positions": "RoPE only", "dropout": "none", "linear_weight_layout": LINEAR_LAYOUT,
     }
 
 
@@ -351,6 +396,9 @@ EXPORTS: dict[str, ModelExport] = {
     "mixtral": ModelExport(default="mixtral-tiny", inputs=_lm_inputs,
                            conventions=_mixtral_conventions, loss=MIXTRAL_LOSS,
                            width=lambda model: model.config.hidden_size),
+    "gemma": ModelExport(default="gemma-tiny", inputs=_lm_inputs,
+                         conventions=_gemma_conventions, loss=NEXT_TOKEN_LOSS,
+                         width=lambda model: model.config.hidden_size),
     "bert": ModelExport(default="bert-tiny", inputs=_mlm_inputs, conventions=_bert_conventions,
                         loss=MASKED_LM_LOSS, width=lambda model: model.config.hidden_size,
                         objective=_MaskedLM),

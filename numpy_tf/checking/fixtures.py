@@ -32,6 +32,7 @@ from ..layers.neox_attention import NeoXAttention
 from ..layers.norm import LayerNorm, RMSNorm
 from ..layers.positions import LearnedPositions, SinusoidalPositions
 from ..layers.rope import RotaryEmbedding
+from ..layers.softcap import SoftCap
 from ..layers.softmax import LogSoftmax, Softmax
 from ..models import registry
 from ..models.cbow import CBOW
@@ -77,6 +78,11 @@ BUILDERS: dict[str, Callable[[dict, np.dtype], Module]] = {
     "sparse_moe": lambda c, dtype: SparseMoE(c["hidden_size"], c["intermediate_size"],
                                              c["num_local_experts"], c["num_experts_per_tok"],
                                              dtype=dtype),
+    "gemma_rmsnorm": lambda c, dtype: RMSNorm(c["normalized_shape"], c["eps"], dtype=dtype,
+                                              unit_offset=True),
+    "geglu": lambda c, dtype: SwiGLU(c["hidden_size"], c["intermediate_size"],
+                                     activation="gelu_tanh", dtype=dtype),
+    "softcap": lambda c, dtype: SoftCap(c["cap"], dtype),
 }
 
 def run_optimizer_case(case: Case) -> dict[str, np.ndarray]:
@@ -153,6 +159,20 @@ def run_cbow_case(case: Case) -> dict[str, np.ndarray]:
             **{f"grad/{name}": gradient for name, gradient in model.grad_dict().items()}}
 
 
+def run_decoding_case(case: Case) -> dict[str, np.ndarray]:
+    """KV-cache decoding (kind kv_decoding, a Hugging Face model's config): the first
+    meta["prompt_length"] ids in one call, then one id per call with the `present` of the call
+    before as past_kv; the logits of every call, concatenated along T."""
+    model = from_hf(case.meta["config"], case.section("param"), case.dtype)
+    ids, prompt = case.arrays["input/ids"], case.meta["prompt_length"]
+    logits, cache = model.forward(ids[:, :prompt])
+    steps = [logits]
+    for t in range(prompt, ids.shape[1]):
+        logits, cache = model.forward(ids[:, t:t + 1], past_kv=cache.present)
+        steps.append(logits)
+    return {"output/logits": np.concatenate(steps, axis=1)}
+
+
 # kind -> a runner for cases that are not "one module, forward then backward" (an optimizer's
 # steps, CBOW's loss; the whole models of the registry's families run through run_model_case,
 # below): run(case) -> {key: array} for the keys the case holds, and gradcheck(case) ->
@@ -161,6 +181,7 @@ RUNNERS: dict[str, tuple[Callable[[Case], dict], Callable[[Case], GradcheckRepor
     "optimizer": (run_optimizer_case, lambda case: None),
     "clip_grad_norm": (run_clip_case, lambda case: None),
     "lr_schedule": (run_schedule_case, lambda case: None),
+    "kv_decoding": (run_decoding_case, lambda case: None),
     "cbow": (run_cbow_case, lambda case: gradcheck_module(
         _cbow(case), case.arrays["input/contexts"], title="cbow")),
 }
@@ -192,7 +213,7 @@ def _seq2seq_inputs(case: Case):
 # registry family name -> case -> (positional, keyword) inputs of the family's objective
 MODEL_INPUTS: dict[str, Callable[[Case], tuple[tuple, dict]]] = {
     "gpt": _lm_inputs, "llama": _lm_inputs, "bert": _lm_inputs, "seq2seq": _seq2seq_inputs,
-    "neox": _lm_inputs, "mixtral": _lm_inputs}
+    "neox": _lm_inputs, "mixtral": _lm_inputs, "gemma": _lm_inputs}
 
 
 def model_case_family(kind: str):

@@ -28,6 +28,7 @@ from ..models.llama import LlamaConfig
 from .hf_bert import bert_buffer, bert_config, bert_layout
 from .hf_neox import neox_buffer, neox_config, neox_layout, neox_ties
 from .hf_mixtral import mixtral_buffer, mixtral_config, mixtral_layout
+from .hf_gemma import gemma_config, gemma_layout
 from .layout import Layout
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -110,10 +111,13 @@ def llama_config(config: Mapping) -> LlamaConfig:
     if (config.get("pretraining_tp") or 1) != 1:
         raise ValueError(f"pretraining_tp={config['pretraining_tp']!r} is not implemented "
                          "(numpy_tf needs pretraining_tp=1: the exact, unsliced projections)")
+    # Mistral's window: query i sees keys j > i - sliding_window (None: every earlier key)
+    window = config.get("sliding_window") if config.get("model_type") == "mistral" else None
     for key in ("sliding_window", "use_sliding_window"):
-        if config.get(key):
+        if config.get(key) and not (key == "sliding_window" and window is not None):
             raise ValueError(f"{key}={config[key]!r} is not implemented (numpy_tf's Llama "
-                             "attends to every earlier position)")
+                             "attends to every earlier position; model_type 'mistral' reads "
+                             "a sliding_window)")
     heads = config["num_attention_heads"]
     return LlamaConfig(
         vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
@@ -128,7 +132,7 @@ def llama_config(config: Mapping) -> LlamaConfig:
         mlp_bias=config.get("mlp_bias", False),
         attention_dropout=config.get("attention_dropout") or 0.0,
         pad_token_id=config.get("pad_token_id"),
-        initializer_range=config.get("initializer_range", 0.02))
+        initializer_range=config.get("initializer_range", 0.02), sliding_window=window)
 
 
 def llama_layout(config: LlamaConfig) -> Layout:
@@ -245,4 +249,9 @@ HF_FAMILIES = {family.name: family for family in [
         ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
         if config.get("tie_word_embeddings", False) else [],
         ignored=mixtral_buffer),
+    HFFamily(
+        "gemma", config=gemma_config, layout=lambda config: gemma_layout(gemma_config(config)),
+        ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
+        if config.get("tie_word_embeddings", True) else [],
+        ignored=_llama_buffer),
 ]}

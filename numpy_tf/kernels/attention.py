@@ -39,10 +39,11 @@ def _check_out(out, q, k, v) -> None:
 
 def attention_backward_into(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                             probs: np.ndarray, dropout: np.ndarray | None, scale: float,
-                            out=None):
-    """(dq, dk, dv) of out = W v, W = P (or P m), P = softmax(s q k^T + M), from the fields of
-    an AttentionCache; with `out`, three arrays shaped and typed like q, k and v, the
-    gradients are written there and returned."""
+                            capped: np.ndarray | None = None, out=None):
+    """(dq, dk, dv) of out = W v, W = P (or P m), P = softmax(s q k^T + M) (or, with a soft
+    cap c, softmax(c t + M), t = tanh(s q k^T / c) given as `capped`), from the fields of an
+    AttentionCache; with `out`, three arrays shaped and typed like q, k and v, the gradients
+    are written there and returned."""
     if out is not None:
         _check_out(out, q, k, v)
     out_q, out_k, out_v = out if out is not None else (None, None, None)
@@ -58,6 +59,8 @@ def attention_backward_into(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: n
     dscores = dprobs                                                    # dS, in dP's array
     dscores -= np.einsum("bhij,bhij->bhi", dprobs, probs)[..., None]   # sum_j dP_ij P_ij
     dscores *= probs
+    if capped is not None:
+        dscores *= 1.0 - capped * capped                                # dR = dS (1 - t^2)
     dscores_grouped = _grouped(dscores, groups)                         # (B, G, r Tq, Tk)
     if groups == heads:
         dq = np.matmul(dscores, k, out=out_q)                           # (B, H, Tq, d)
@@ -74,7 +77,8 @@ def attention_backward_into(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: n
 
 
 def qkv_gradient(dheads: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                 probs: np.ndarray, dropout: np.ndarray | None, scale: float) -> np.ndarray:
+                 probs: np.ndarray, dropout: np.ndarray | None, scale: float,
+                 capped: np.ndarray | None = None) -> np.ndarray:
     """The gradient (B, T, 3C) of a fused projection's output qkv = [q | k | v] (each (B, T, C)
     split into H heads (B, H, T, d), no RoPE, no KV cache), from the gradient of the attention
     output's heads dheads (B, H, T, d): attention_backward_into writes dq, dk and dv into the
@@ -85,5 +89,5 @@ def qkv_gradient(dheads: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray
     thirds = tuple(dqkv[..., part * model_width:(part + 1) * model_width]
                    .reshape(batch, length, heads, width).transpose(0, 2, 1, 3)
                    for part in range(3))                                # (B, H, T, d) views
-    attention_backward_into(dheads, q, k, v, probs, dropout, scale, out=thirds)
+    attention_backward_into(dheads, q, k, v, probs, dropout, scale, capped, out=thirds)
     return dqkv

@@ -5,6 +5,7 @@ class that owns the Parameters. Layers import the core and other layer families,
 from .activations import (GELU, ReLU, SiLU, gelu_backward, gelu_forward, relu_backward,
                           relu_forward, silu_backward, silu_forward)
 from .attention import ScaledDotProductAttention, attention_backward, attention_forward, causal_mask
+from .attention import sliding_window_mask
 from .cross_entropy_loss import (CrossEntropyLoss, cross_entropy, cross_entropy_backward,
                                  cross_entropy_forward)
 from .dropout import Dropout, dropout_backward, dropout_forward
@@ -26,5 +27,6 @@ from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequenci
                         sinusoidal_table)
 from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_rotate, rope_tables
 from .rope import partial_rope_backward, partial_rope_forward
+from .softcap import SoftCap, softcap_backward, softcap_forward
 from .softmax import (LogSoftmax, Softmax, log_softmax_backward, log_softmax_forward,
                       softmax_backward, softmax_forward)

@@ -6,14 +6,17 @@ Tk keys, d the query/key width of a head, dv the value width of a head.
     q (B, H, Tq, d), k (B, G, Tk, d), v (B, G, Tk, dv) -> out (B, H, Tq, dv)
 
     S = q k^T / sqrt(d) + M        scores (B, H, Tq, Tk); M the float mask (0 where none)
-    S_ij = -inf where blocked      bool masks, key padding, causal
+                                   (with a soft cap c: S = c tanh(q k^T / (sqrt(d) c)) + M)
+    S_ij = -inf where blocked      bool masks, key padding, causal, sliding window
     P = softmax(S) over keys       the attention probabilities, kept in the cache
     out = P v
 
 Masks (SPEC §4): a boolean mask is True where attention is BLOCKED (torch.nn.MultiheadAttention
 meaning; torch.nn.functional.scaled_dot_product_attention uses the opposite); a float mask is
 added to the scores; `key_padding_mask` (B, Tk) is True at padding; `is_causal` lets query i
-see keys j <= i + causal_offset (the offset counts the positions a KV cache already holds).
+see keys j <= i + causal_offset (the offset counts the positions a KV cache already holds);
+a sliding `window` W lets query i see only keys j > i + causal_offset - W, the W most recent
+positions up to its own (Mistral's and Gemma2's window, HF's `kv_idx > q_idx - sliding_window`).
 Masks broadcast as torch does: (Tq, Tk), (B or 1, H or 1, Tq, Tk); and a 3-D mask is
 (B, Tq, Tk), one per sample, the same for every head (as encoder-decoder codebases build them;
 torch's SDPA would broadcast it as (1, B, Tq, Tk), and nn.MultiheadAttention reads a 3-D mask
@@ -38,6 +41,7 @@ from ..core.module import Module
 from ..core.paths import kernels_enabled
 from ..kernels.attention import attention_backward_into
 from .dropout import check_probability, dropout_mask
+from .softcap import softcap_backward, softcap_forward, SoftCapCache
 
 
 class AttentionCache(NamedTuple):
@@ -47,6 +51,7 @@ class AttentionCache(NamedTuple):
     probs: np.ndarray           # (B, H, Tq, Tk) P, the attention probabilities (for study too)
     dropout: np.ndarray | None  # (B, H, Tq, Tk) dropout mask (0 or 1/(1-p)) applied to P
     scale: float                # 1 / sqrt(d) unless given
+    capped: np.ndarray | None = None    # (B, H, Tq, Tk) tanh(s q k^T / c) with a soft cap c
 
     @property
     def output_spec(self):  # the (shape, dtype) dout must have
@@ -64,6 +69,14 @@ def causal_mask(query_length: int, key_length: int, offset: int = 0) -> np.ndarr
     return np.triu(np.ones((query_length, key_length), dtype=bool), k=offset + 1)
 
 
+def sliding_window_mask(query_length: int, key_length: int, window: int,
+                        offset: int = 0) -> np.ndarray:
+    """(Tq, Tk) bool, True where key j is W = window or more positions behind query i:
+    j <= i + offset - W. With the causal mask, query i sees keys i + offset - W < j <= i +
+    offset, the W most recent positions including its own (HF's sliding window)."""
+    return np.tril(np.ones((query_length, key_length), dtype=bool), k=offset - window)
+
+
 @functools.lru_cache(maxsize=64)
 def _shared_causal_mask(query_length: int, key_length: int, offset: int) -> np.ndarray:
     """causal_mask, built once per shape and kept read-only (every layer of every step asks
@@ -71,6 +84,26 @@ def _shared_causal_mask(query_length: int, key_length: int, offset: int) -> np.n
     mask = causal_mask(query_length, key_length, offset)
     mask.flags.writeable = False
     return mask
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_window_mask(query_length: int, key_length: int, window: int,
+                        offset: int) -> np.ndarray:
+    """sliding_window_mask, built once per shape and kept read-only."""
+    mask = sliding_window_mask(query_length, key_length, window, offset)
+    mask.flags.writeable = False
+    return mask
+
+
+def check_window(name: str, window) -> int | None:
+    """A sliding window is None (every earlier key) or a positive int (the keys a query sees,
+    its own included)."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window <= 0:
+        raise ValueError(f"{name} must be None or a positive int (the number of most recent "
+                         f"positions a query sees, its own included); got {window!r}")
+    return int(window)
 
 
 def _check_mask(name: str, mask, shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -91,10 +124,12 @@ def _check_mask(name: str, mask, shape: tuple, dtype: np.dtype) -> np.ndarray:
 
 
 def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_mask=None,
-                    is_causal: bool = False, causal_offset: int = 0):
+                    is_causal: bool = False, causal_offset: int = 0, window: int | None = None):
     """Combine every mask into (blocked, bias): `blocked` a bool array broadcastable to
-    (B, H, Tq, Tk) (None if nothing is blocked) and `bias` a float one (None if no float mask)."""
+    (B, H, Tq, Tk) (None if nothing is blocked) and `bias` a float one (None if no float mask).
+    `window` W blocks the keys j <= i + causal_offset - W (sliding_window_mask)."""
     batch, heads, tq, tk = shape
+    window = check_window("window", window)
     blocked, bias = [], []
     if attn_mask is not None:
         attn_mask = _check_mask("attn_mask", attn_mask, shape, dtype)
@@ -116,6 +151,10 @@ def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_m
         raise ValueError(f"causal_offset must be >= 0; got {causal_offset}")
     if is_causal:
         blocked.append(_shared_causal_mask(tq, tk, causal_offset))
+    if window is not None:
+        if causal_offset < 0:
+            raise ValueError(f"causal_offset must be >= 0; got {causal_offset}")
+        blocked.append(_shared_window_mask(tq, tk, window, causal_offset))
     combined_blocked = None
     for mask in blocked:
         combined_blocked = mask if combined_blocked is None else combined_blocked | mask
@@ -199,17 +238,24 @@ def _check_attention_inputs(q, k, v, dropout_p, rng) -> float:
 def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=None,
                       key_padding_mask=None, is_causal: bool = False, causal_offset: int = 0,
                       dropout_p: float = 0.0, rng: np.random.Generator | None = None,
-                      scale: float | None = None):
-    """Scaled dot-product attention; returns (out (B, H, Tq, dv), AttentionCache). No queries
+                      scale: float | None = None, window: int | None = None,
+                      softcap: float | None = None):
+    """Scaled dot-product attention; returns (out (B, H, Tq, dv), AttentionCache). `window`
+    W: query i sees only keys j > i + causal_offset - W; `softcap` c: the scaled scores
+    become c tanh(s q k^T / c) before the masks (Gemma2's attn_logit_softcapping). No queries
     (Tq = 0) give an empty output; no keys (Tk = 0) a zero one, as for a fully masked row."""
     dropout_p = _check_attention_inputs(q, k, v, dropout_p, rng)
+    softcap = None if softcap is None else validate.positive_float("softcap", softcap)
     batch, heads, tq, width = q.shape
     groups, tk = k.shape[1], k.shape[2]
     scale = attention_scale(scale, q)
     blocked, bias = attention_masks((batch, heads, tq, tk), q.dtype, attn_mask,
-                                    key_padding_mask, is_causal, causal_offset)
+                                    key_padding_mask, is_causal, causal_offset, window)
     scores = _grouped(q * scale, groups) @ k.swapaxes(-1, -2)           # (B, G, r Tq, Tk)
     scores = scores.reshape(batch, heads, tq, tk)                       # S (B, H, Tq, Tk)
+    capped = None
+    if softcap is not None:
+        scores, (capped,) = softcap_forward(scores, softcap)            # c tanh(S / c)
     if bias is not None:
         scores += bias
     if blocked is not None:
@@ -220,7 +266,7 @@ def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=Non
     weights = probs if dropout is None else probs * dropout             # W
     out = _grouped(weights, groups) @ v                                 # (B, G, r Tq, dv)
     out = out.reshape(batch, heads, tq, v.shape[3])                     # (B, H, Tq, dv)
-    return out, AttentionCache(q, k, v, probs, dropout, scale)
+    return out, AttentionCache(q, k, v, probs, dropout, scale, capped)
 
 
 def attention_backward(dout: np.ndarray, cache: AttentionCache):
@@ -237,16 +283,21 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache):
        that is dS = P * (dP - rowsum(dP * P)). Blocked entries have P = 0, so their dS is 0;
        a fully blocked row has P = 0 throughout and its gradients are all 0 (no NaN:
        S = -inf never enters the arithmetic).
-    3. S = s q k^T:
+    3. With a soft cap c, S = c tanh(R / c) + M of the raw scores R = s q k^T
+       (layers/softcap.py): dR = dS (1 - t^2), t = tanh(R / c) cached as `capped`; the cap
+       cancels. A blocked entry has dS = 0, so dR = 0 there too. Without a cap R = S - M and
+       dR = dS. Below, dS stands for dR.
+    4. S = s q k^T:
            dq = s dS k                                (B, H, Tq, d)
            dk = s dS^T q                              summed over the r heads of a group
        The scale s multiplies the small products (Tq or Tk by d), not dS (Tq by Tk); the
        forward likewise scales q before q k^T.
-    Cached: q, k, v and P (the probabilities are also what a student looks at) and the
-    dropout mask; nothing else is needed. Returns (dq, dk, dv).
+    Cached: q, k, v and P (the probabilities are also what a student looks at), the dropout
+    mask and t with a soft cap; nothing else is needed (a sliding window only blocks entries,
+    so its P = 0 there says all). Returns (dq, dk, dv).
     """
     validate.backward_inputs(dout, cache, AttentionCache)
-    q, k, v, probs, dropout, scale = cache
+    q, k, v, probs, dropout, scale, capped = cache
     groups = k.shape[1]
     weights = probs if dropout is None else probs * dropout             # W (B, H, Tq, Tk)
     dout_grouped = _grouped(dout, groups)                               # (B, G, r Tq, dv)
@@ -254,6 +305,8 @@ def attention_backward(dout: np.ndarray, cache: AttentionCache):
     dweights = (dout_grouped @ v.swapaxes(-1, -2)).reshape(probs.shape)     # dW
     dprobs = dweights if dropout is None else dweights * dropout            # dP
     dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))   # dS
+    if capped is not None:
+        dscores = softcap_backward(dscores, SoftCapCache(capped))       # dR = dS (1 - t^2)
     dscores_grouped = _grouped(dscores, groups)                         # (B, G, r Tq, Tk)
     dq = (dscores_grouped @ k).reshape(q.shape) * scale                 # (B, H, Tq, d)
     dk = (dscores_grouped.swapaxes(-1, -2) @ _grouped(q, groups)) * scale   # (B, G, Tk, d)

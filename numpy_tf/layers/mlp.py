@@ -6,6 +6,8 @@ for the MLP; Llama's intermediate_size for SwiGLU).
     MLP:     y = W2 act(W1 x + b1) + b2                      Linear, activation, Linear
     SwiGLU:  y = W_down (silu(W_gate x) * (W_up x))          three Linears, Llama's without
                                                              bias (HF's mlp_bias adds them)
+    GeGLU:   y = W_down (gelu_tanh(W_gate x) * (W_up x))     Gemma's: SwiGLU with the tanh
+                                                             GELU as the gate
 
 SwiGLU is not the MLP with its activation renamed: it has two input projections, one of them
 gating the other through silu.
@@ -18,7 +20,10 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, Sequential
-from .activations import SiLUCache, activation, silu_backward, silu_forward
+from .activations import (GELUCache, SiLUCache, activation, gelu_backward, gelu_forward,
+                          silu_backward, silu_forward)
+
+GATES = ("silu", "gelu_tanh")       # SwiGLU's silu (Llama) and GeGLU's tanh GELU (Gemma)
 from .linear import Linear, LinearCache, linear_backward, linear_forward
 
 
@@ -37,8 +42,8 @@ def feedforward(width: int, hidden: int | None = None, activation_name: str = "g
 
 # -- the SwiGLU gate ----------------------------------------------------------------------------
 class GateCache(NamedTuple):
-    silu: SiLUCache             # silu's cache of g = W_gate x
-    activated: np.ndarray       # (..., F) a = silu(g)
+    act: SiLUCache | GELUCache  # the gate activation's cache of g = W_gate x
+    activated: np.ndarray       # (..., F) a = act(g)
     up: np.ndarray              # (..., F) u = W_up x
 
     @property
@@ -46,24 +51,32 @@ class GateCache(NamedTuple):
         return self.up.shape, self.up.dtype
 
 
-def swiglu_gate_forward(gate: np.ndarray, up: np.ndarray):
-    """h = silu(g) * u, elementwise."""
+def swiglu_gate_forward(gate: np.ndarray, up: np.ndarray, activation: str = "silu"):
+    """h = act(g) * u, elementwise; act is silu (SwiGLU) or the tanh GELU (GeGLU)."""
     validate.same_dtype(gate=gate, up=up)
+    validate.choice("activation", activation, GATES)
     if gate.shape != up.shape:
         raise ValueError(f"gate and up must have the same shape; got {gate.shape} and "
                          f"{up.shape}")
-    activated, silu_cache = silu_forward(gate)
-    return activated * up, GateCache(silu_cache, activated, up)
+    if activation == "silu":
+        activated, act_cache = silu_forward(gate)
+    else:
+        activated, act_cache = gelu_forward(gate, "tanh")
+    return activated * up, GateCache(act_cache, activated, up)
 
 
 def swiglu_gate_backward(dhidden: np.ndarray, cache: GateCache):
-    """h = a u with a = silu(g), so by the product rule
-        du = dh a          and       da = dh u,  dg = silu_backward(da)
-    (silu's own derivative, sigma(g) (1 + g (1 - sigma(g))), derived in activations.py).
-    Returns (dgate, dup)."""
+    """h = a u with a = act(g), so by the product rule
+        du = dh a          and       da = dh u,  dg = act'(g) da
+    (silu's derivative sigma(g) (1 + g (1 - sigma(g))), or the tanh GELU's, each derived in
+    activations.py). Returns (dgate, dup)."""
     validate.backward_inputs(dhidden, cache, GateCache, "dhidden")
-    silu_cache, activated, up = cache
-    return silu_backward(dhidden * up, silu_cache), dhidden * activated
+    act_cache, activated, up = cache
+    if isinstance(act_cache, SiLUCache):
+        dgate = silu_backward(dhidden * up, act_cache)
+    else:
+        dgate = gelu_backward(dhidden * up, act_cache)
+    return dgate, dhidden * activated
 
 
 class SwiGLUCache(NamedTuple):
@@ -79,10 +92,12 @@ class SwiGLUCache(NamedTuple):
 
 def swiglu_forward(x: np.ndarray, gate_weight: np.ndarray, up_weight: np.ndarray,
                    down_weight: np.ndarray, gate_bias: np.ndarray | None = None,
-                   up_bias: np.ndarray | None = None, down_bias: np.ndarray | None = None):
-    """y = W_down (silu(W_gate x + b_gate) * (W_up x + b_up)) + b_down, as HF's LlamaMLP.
-    x (..., C), weights (F, C), (F, C), (C, F), optional biases (F,), (F,), (C,) -> y (..., C).
-    Llama has no biases (mlp_bias=False); HF's config can ask for them."""
+                   up_bias: np.ndarray | None = None, down_bias: np.ndarray | None = None,
+                   activation: str = "silu"):
+    """y = W_down (silu(W_gate x + b_gate) * (W_up x + b_up)) + b_down, as HF's LlamaMLP
+    (activation "gelu_tanh": GeGLU, HF's GemmaMLP). x (..., C), weights (F, C), (F, C),
+    (C, F), optional biases (F,), (F,), (C,) -> y (..., C). Llama has no biases
+    (mlp_bias=False); HF's config can ask for them."""
     validate.float_array("x", x, min_ndim=1, shape="(..., C)")
     for name, weight in (("gate_weight", gate_weight), ("up_weight", up_weight),
                          ("down_weight", down_weight)):
@@ -94,7 +109,7 @@ def swiglu_forward(x: np.ndarray, gate_weight: np.ndarray, up_weight: np.ndarray
                          f"{down_weight.shape}")
     g, gate_cache = linear_forward(x, gate_weight, gate_bias)       # (..., F)
     u, up_cache = linear_forward(x, up_weight, up_bias)             # (..., F)
-    h, product_cache = swiglu_gate_forward(g, u)                    # (..., F)
+    h, product_cache = swiglu_gate_forward(g, u, activation)        # (..., F)
     y, down_cache = linear_forward(h, down_weight, down_bias)       # (..., C)
     return y, SwiGLUCache(gate_cache, up_cache, product_cache, down_cache)
 
@@ -128,11 +143,15 @@ def swiglu_backward(dout: np.ndarray, cache: SwiGLUCache):
 
 class SwiGLU(Module):
     """Llama's MLP (HF LlamaMLP): gate_proj (F, C), up_proj (F, C), down_proj (C, F), without
-    biases unless bias=True (HF's mlp_bias). Initialised as torch.nn.Linear."""
+    biases unless bias=True (HF's mlp_bias). Initialised as torch.nn.Linear. With
+    activation="gelu_tanh" it is GeGLU, Gemma's MLP (HF's gelu_pytorch_tanh gate)."""
 
     def __init__(self, width: int, hidden: int, bias: bool = False, *,
-                 rng: np.random.Generator | int = 0, dtype=np.float64):
+                 activation: str = "silu", rng: np.random.Generator | int = 0,
+                 dtype=np.float64):
         super().__init__(dtype)
+        validate.choice("activation", activation, GATES)
+        self.activation = activation
         width = validate.positive_int("width", width)
         hidden = validate.positive_int("hidden", hidden)
         rng = np.random.default_rng(rng)
@@ -147,7 +166,7 @@ class SwiGLU(Module):
         weights = [layer.weight.data for layer in self._projections()]
         biases = [None if layer.bias is None else layer.bias.data
                   for layer in self._projections()]
-        return swiglu_forward(x, *weights, *biases)
+        return swiglu_forward(x, *weights, *biases, self.activation)
 
     def backward(self, dout, cache):
         if isinstance(cache, SwiGLUCache):

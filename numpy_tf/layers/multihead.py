@@ -33,7 +33,8 @@ from ..core import validate
 from ..core.module import Module, Parameter
 from ..core.paths import kernels_enabled
 from ..kernels.attention import attention_backward_into, qkv_gradient
-from .attention import AttentionCache, AttentionKernelCache, attention_backward, attention_forward
+from .attention import (AttentionCache, AttentionKernelCache, attention_backward,
+                        attention_forward, check_window)
 from .dropout import check_probability
 from .linear import Linear, LinearCache, linear_backward, linear_forward
 from .rope import RoPECache, rope_backward, rope_forward
@@ -102,6 +103,8 @@ class HeadAttention(Module):
         self.dropout = check_probability(dropout)
         self.rope, self.rope_base, self.rope_interleaved = rope, float(rope_base), \
             rope_interleaved
+        # a layout may narrow these (MultiHeadAttention: Mistral's and Gemma2's options)
+        self.sliding_window, self.softcap, self.scale = None, None, None
 
     # the layout's part ------------------------------------------------------------------------
     def _project(self, query, key, value):
@@ -196,7 +199,8 @@ class HeadAttention(Module):
             v = np.concatenate([past_kv[1], v], axis=2)
         heads, attention = attention_forward(
             q, k, v, attn_mask, key_padding_mask, is_causal, past_length,
-            self.dropout if self.training else 0.0, rng)
+            self.dropout if self.training else 0.0, rng, self.scale, self.sliding_window,
+            self.softcap)
         if kernels_enabled():
             attention = AttentionKernelCache(*attention)                # kernel backward
         out, output = self.output_layer.forward(merge_heads(heads))     # (B, Tq, C)
@@ -255,13 +259,21 @@ def _gradients(inputs: str, dquery, dkey, dvalue):
 
 class MultiHeadAttention(HeadAttention):
     """Separate q_proj, k_proj, v_proj, o_proj (HF Llama names), grouped-query heads:
-    H = num_heads query heads, G = num_kv_heads key/value heads (G = 1: multi-query)."""
+    H = num_heads query heads, G = num_kv_heads key/value heads (G = 1: multi-query).
+
+    Options of the Llama-like families: `sliding_window` W (Mistral, Gemma2's sliding layers):
+    query i sees only keys j > i - W (positions counted with a KV cache's, which keeps every
+    key: decoding past the window equals recomputing the whole sequence); `softcap` c (Gemma2):
+    scores c tanh(score / c); `scale` (Gemma2: query_pre_attn_scalar^-1/2) in place of
+    1/sqrt(head_dim)."""
     projection_cache = ProjectionCaches
 
     def __init__(self, width: int, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = False, dropout: float = 0.0,
                  rope: bool = False, rope_base: float = 10000.0, rope_interleaved: bool = False,
-                 *, rng: np.random.Generator | int = 0, dtype=np.float64):
+                 *, sliding_window: int | None = None, softcap: float | None = None,
+                 scale: float | None = None, rng: np.random.Generator | int = 0,
+                 dtype=np.float64):
         width = validate.positive_int("width", width)
         num_heads = validate.positive_int("num_heads", num_heads)
         if head_dim is None:
@@ -272,6 +284,9 @@ class MultiHeadAttention(HeadAttention):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         super().__init__(num_heads, num_kv_heads, head_dim, dropout, rope, rope_base,
                          rope_interleaved, dtype)
+        self.sliding_window = check_window("sliding_window", sliding_window)
+        self.softcap = None if softcap is None else validate.positive_float("softcap", softcap)
+        self.scale = None if scale is None else validate.positive_float("scale", scale)
         rng = np.random.default_rng(rng)
         self.q_proj = Linear(width, num_heads * head_dim, bias, rng=rng, dtype=dtype)
         self.k_proj = Linear(width, num_kv_heads * head_dim, bias, rng=rng, dtype=dtype)

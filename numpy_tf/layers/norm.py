@@ -5,6 +5,7 @@ axis only, one row (one token's C features) at a time; the leading axes are batc
 
     LayerNorm:  out = w * (x - mean) / sqrt(var + eps) + b,    var = mean((x - mean)^2)
     RMSNorm:    out = w * x / sqrt(mean(x^2) + eps)
+                (unit_offset: out = (1 + w) * x / sqrt(mean(x^2) + eps), Gemma's, w starting at 0)
 
 SPEC §5: LayerNorm uses the biased variance (divide by C, not C - 1) with eps INSIDE the square
 root, default eps 1e-5. RMSNorm has no bias and no mean subtraction, and its eps must be given
@@ -66,7 +67,7 @@ def _leading_axes(array: np.ndarray) -> tuple[int, ...]:
 class LayerNormCache(NamedTuple):
     x_hat: np.ndarray               # (..., C) (x - mean) * inv_std, for dx and dweight
     inv_std: np.ndarray             # (..., 1) 1 / sqrt(var + eps), for dx
-    weight: np.ndarray | None       # (C,) or None, for dx
+    weight: np.ndarray | None       # (C,) or None, for dx: the scale gamma (1 + w with the offset)
     has_bias: bool
 
     @property
@@ -147,7 +148,7 @@ def layernorm_backward(dout: np.ndarray, cache: LayerNormCache):
 class RMSNormCache(NamedTuple):
     x_hat: np.ndarray               # (..., C) x * inv_rms, for dx and dweight
     inv_rms: np.ndarray             # (..., 1) 1 / sqrt(mean(x^2) + eps), for dx
-    weight: np.ndarray | None       # (C,) or None, for dx
+    weight: np.ndarray | None       # (C,) or None, for dx: the scale gamma (1 + w with the offset)
 
     @property
     def output_spec(self):  # the (shape, dtype) dout must have
@@ -160,10 +161,14 @@ class RMSNormKernelCache(RMSNormCache):
     __slots__ = ()
 
 
-def rmsnorm_forward(x: np.ndarray, weight: np.ndarray | None = None, eps: float | None = None):
-    """out = weight * x / sqrt(mean(x^2) + eps) over the last axis, as torch.nn.RMSNorm.
+def rmsnorm_forward(x: np.ndarray, weight: np.ndarray | None = None, eps: float | None = None,
+                    unit_offset: bool = False):
+    """out = weight * x / sqrt(mean(x^2) + eps) over the last axis, as torch.nn.RMSNorm;
+    with unit_offset, out = (1 + weight) * x / sqrt(mean(x^2) + eps), as Gemma's RMSNorm.
     x (..., C) -> out (..., C). eps is required (there is no default; see the module text)."""
     eps = _check_row_input(x, weight, None, _explicit_eps(eps))
+    if unit_offset and weight is not None:
+        weight = 1.0 + weight                                       # gamma (C,)
     mean_square = (x * x).mean(axis=-1, keepdims=True)              # (..., 1)
     inv_rms = 1.0 / np.sqrt(mean_square + eps)                      # (..., 1)
     x_hat = x * inv_rms                                             # (..., C)
@@ -180,6 +185,9 @@ def rmsnorm_backward(dout: np.ndarray, cache: RMSNormCache):
         out_i   = w_i x_hat_i
 
     Weight: dweight_i = sum_rows dout_i x_hat_i.
+    With the unit offset, out_i = gamma_i x_hat_i with gamma_i = 1 + w_i: d gamma_i / d w_i = 1,
+    so dweight is the same sum, and everything below holds with gamma for w (the cache keeps
+    gamma).
 
     Input. Let g_i = dout_i w_i. There is no mean to subtract, so
         d inv_rms / d x_j = -(1/2) inv_rms^3 (2/C) x_j = -inv_rms^3 x_j / C
@@ -266,15 +274,18 @@ class RMSNorm(Module):
     """torch.nn.RMSNorm(normalized_shape, eps, elementwise_affine) over the last axis, with eps
     REQUIRED: torch's eps=None (finfo(dtype).eps) has no counterpart here, pass the model's
     value (1e-6 or 1e-5 for Llama). Parameter `weight` (C,) initialised to ones, as torch; None
-    without elementwise_affine. There is no bias. Runs kernels.norm unless inside
-    numpy_tf.reference_path()."""
+    without elementwise_affine. There is no bias. unit_offset=True is Gemma's RMSNorm: the
+    scale is 1 + weight, and the weight starts at zeros (HF's GemmaRMSNorm). Runs kernels.norm
+    unless inside numpy_tf.reference_path()."""
 
     def __init__(self, normalized_shape: int, eps: float, elementwise_affine: bool = True,
-                 dtype=np.float64):
+                 dtype=np.float64, *, unit_offset: bool = False):
         super().__init__(dtype)
         self.normalized_shape = _normalized_width(normalized_shape)
         self.eps = validate.positive_float("eps", _explicit_eps(eps))
-        self.weight = Parameter(np.ones(self.normalized_shape, self.dtype)) \
+        self.unit_offset = validate.flag("unit_offset", unit_offset)
+        start = np.zeros if unit_offset else np.ones                # gamma = 1 either way
+        self.weight = Parameter(start(self.normalized_shape, self.dtype)) \
             if elementwise_affine else None
 
     def forward(self, x):
@@ -282,8 +293,10 @@ class RMSNorm(Module):
         validate.float_array("x", x, min_ndim=1, shape="(..., C)")
         validate.last_dim("x", x, self.normalized_shape, "normalized_shape")
         if not kernels_enabled():
-            return rmsnorm_forward(x, weight, self.eps)
+            return rmsnorm_forward(x, weight, self.eps, self.unit_offset)
         validate.same_dtype(weight=weight, x=x)
+        if self.unit_offset and weight is not None:
+            weight = 1.0 + weight                                   # gamma
         out, x_hat, inv_rms = rmsnorm_rows(x, weight, self.eps)
         return out, RMSNormKernelCache(x_hat, inv_rms, weight)
 

@@ -339,13 +339,74 @@ def count_llama_hf(config: dict) -> Accounting:
 
 
 def llama_hf_config(config) -> dict:
-    """The HF llama config.json of a LlamaConfig (interop.llama_config reads it back)."""
+    """The HF llama config.json of a LlamaConfig (interop.llama_config reads it back); with a
+    sliding window, a mistral one."""
     names = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
              "max_position_embeddings", "attention_bias", "mlp_bias", "attention_dropout",
              "pad_token_id", "initializer_range")
+    window = {} if config.sliding_window is None else \
+        {"model_type": "mistral", "sliding_window": config.sliding_window}   # Mistral's window
     return {"model_type": "llama", **{name: getattr(config, name) for name in names},
-            "num_key_value_heads": config.kv_heads, "head_dim": config.head_width}
+            "num_key_value_heads": config.kv_heads, "head_dim": config.head_width, **window}
+
+
+# -- Gemma and Gemma2: Llama's rows (no MLP biases), Gemma2 adding two norms per layer --------
+GEMMA2_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def _gemma(model, prefix, vocab, d, inner, layers, heads, kv_heads, head_dim, tied,
+           attention_bias, gemma2) -> Accounting:
+    rows = list(_llama(model, prefix, vocab, d, inner, layers, heads, kv_heads, head_dim, tied,
+                       attention_bias, False).rows)
+    if gemma2:
+        after = next(index for index, row in enumerate(rows)
+                     if row.name.endswith("post_attention_layernorm")) + 1
+        rows[after:after] = [Row(f"{prefix}layers.N.{name}", "d", d, layers)
+                             for name in GEMMA2_NORMS]
+    return Accounting("gemma", model, tuple(rows), tied, d, layers, vocab)
+
+
+def count_gemma(config) -> Accounting:
+    """A numpy_tf GemmaConfig (it validates itself), numpy_tf's names."""
+    return _gemma(f"numpy_tf Gemma ({config.model_type})", "", config.vocab_size,
+                  config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+                  config.num_attention_heads, config.kv_heads, config.head_width,
+                  config.tie_word_embeddings, config.attention_bias,
+                  config.model_type == "gemma2")
+
+
+def count_gemma_hf(config: dict) -> Accounting:
+    """An HF gemma or gemma2 config.json, GemmaForCausalLM's / Gemma2ForCausalLM's names."""
+    keys = _Keys(config, f"{config.get('model_type')} config")
+    d, heads = keys.int("hidden_size"), keys.int("num_attention_heads")
+    gemma2 = config.get("model_type") == "gemma2"
+    return _gemma("Gemma2ForCausalLM" if gemma2 else "GemmaForCausalLM", "model.",
+                  keys.int("vocab_size"), d, keys.int("intermediate_size"),
+                  keys.int("num_hidden_layers"), heads, keys.int("num_key_value_heads", heads),
+                  keys.int("head_dim", d // heads if d % heads == 0 else None),
+                  keys.flag("tie_word_embeddings", True), keys.flag("attention_bias", False),
+                  gemma2)
+
+
+def gemma_hf_config(config) -> dict:
+    """The HF gemma / gemma2 config.json of a GemmaConfig (interop.gemma_config reads it)."""
+    names = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
+             "max_position_embeddings", "attention_bias", "attention_dropout", "pad_token_id",
+             "initializer_range", "model_type")
+    fields_ = {name: getattr(config, name) for name in names}
+    fields_.update(num_key_value_heads=config.kv_heads, head_dim=config.head_width,
+                   hidden_activation="gelu_pytorch_tanh")
+    if config.model_type == "gemma2":
+        fields_.update(
+            query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_width,
+            attn_logit_softcapping=config.attn_logit_softcapping,
+            final_logit_softcapping=config.final_logit_softcapping,
+            sliding_window=config.sliding_window,
+            layer_types=list(config.layer_types or
+                             ["full_attention"] * config.num_hidden_layers))
+    return fields_
 
 
 # -- GPT-NeoX: one formula, under numpy_tf's names or HF's (`gpt_neox.`, the head lm_head) -----

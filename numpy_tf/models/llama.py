@@ -29,6 +29,7 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, ModuleList
+from ..layers.attention import check_window
 from ..layers.embedding import Embedding, EmbeddingCache, normal_init
 from ..layers.linear import Linear, LinearCache
 from ..layers.mlp import SwiGLU, SwiGLUCache
@@ -59,6 +60,7 @@ class LlamaConfig:
     attention_dropout: float = 0.0
     pad_token_id: int | None = None         # its embedding row gets no gradient, as in HF
     initializer_range: float = 0.02
+    sliding_window: int | None = None       # Mistral's: query i sees keys j > i - W only
 
     def __post_init__(self):
         integer, flag = validate.positive_int, validate.flag
@@ -85,6 +87,7 @@ class LlamaConfig:
             "rms_norm_eps": validate.positive_float, "rope_theta": validate.positive_float,
             "pad_token_id": lambda name, value: validate.optional_index(
                 name, value, self.vocab_size, "a row of the vocabulary")})
+        check_window("sliding_window", self.sliding_window)
 
     @property
     def kv_heads(self) -> int:
@@ -142,7 +145,7 @@ class LlamaDecoderLayer(Module):
         self.self_attn = MultiHeadAttention(
             c.hidden_size, c.num_attention_heads, c.kv_heads, c.head_width, c.attention_bias,
             c.attention_dropout, rope=True, rope_base=c.rope_theta, rope_interleaved=False,
-            rng=rng, dtype=dtype)
+            sliding_window=c.sliding_window, rng=rng, dtype=dtype)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias, rng=rng, dtype=dtype)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)

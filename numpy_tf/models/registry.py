@@ -7,8 +7,9 @@ families and presets up here, by one set of names:
     family    config class   model class  Hugging Face model_type  presets
     gpt       GPTConfig      GPT          gpt2                     gpt2, gpt2-tiny, tiny-gpt,
                                                                    char-gpt
-    llama     LlamaConfig    Llama        llama                    smollm2-135m, llama-2-7b,
-                                                                   llama-tiny
+    llama     LlamaConfig    Llama        llama, mistral           smollm2-135m, llama-2-7b,
+                                                                   llama-tiny, mistral-7b-v0.1,
+                                                                   mistral-tiny
     mixtral   MixtralConfig  Mixtral      mixtral                  mixtral-8x7b, mixtral-tiny
     bert      BertConfig     Bert         bert                     bert-base-uncased, bert-tiny
     seq2seq   Seq2SeqConfig  Seq2Seq      - (torch.nn.Transformer) seq2seq-tiny, seq2seq-digits,
@@ -16,6 +17,8 @@ families and presets up here, by one set of names:
     cbow      -              CBOW         -                        -
     neox      NeoXConfig     GPTNeoX      gpt_neox                 pythia-160m, gpt-neox-20b,
                                                                    neox-tiny
+    gemma     GemmaConfig    Gemma        gemma, gemma2            gemma-2b, gemma-2-2b,
+                                                                   gemma-tiny, gemma2-tiny
 
     preset = find_preset("llama-tiny")                 # or PRESETS["llama-tiny"]
     model = family("llama-tiny").model_class(preset.config)   # a model from a name
@@ -65,14 +68,16 @@ from typing import Any, Callable, Mapping
 
 from ..text.tokenizers import ByteTokenizer
 from .accounting import (TORCH_TRANSFORMER, bert_hf_config, count_bert, count_bert_hf,
-                         count_gpt, count_gpt2_hf, count_llama, count_llama_hf,
-                         count_mixtral, count_mixtral_hf, count_neox, count_neox_hf,
-                         count_seq2seq, count_torch_transformer, gpt2_hf_config,
-                         llama_hf_config, mixtral_hf_config, neox_hf_config,
+                         count_gemma, count_gemma_hf, count_gpt, count_gpt2_hf, count_llama,
+                         count_llama_hf, count_mixtral, count_mixtral_hf, count_neox,
+                         count_neox_hf, count_seq2seq, count_torch_transformer,
+                         gemma_hf_config, gpt2_hf_config, llama_hf_config, mixtral_hf_config,
+                         neox_hf_config,
                          torch_transformer_config)
 from .bert import Bert, BertConfig
 from .cbow import CBOW
 from .encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
+from .gemma import Gemma, GemmaConfig
 from .gpt import GPT, GPTConfig
 from .llama import Llama, LlamaConfig
 from .mixtral import Mixtral, MixtralConfig, MixtralLoss
@@ -321,7 +326,8 @@ register_family(Family(
     hf_config=gpt2_hf_config))
 register_family(Family(
     "llama", "Llama: RMSNorm, RoPE, grouped-query attention, SwiGLU", Llama, LlamaConfig,
-    NextTokenLoss, hf_model_types=("llama",), count=count_llama, count_hf=count_llama_hf,
+    NextTokenLoss, hf_model_types=("llama", "mistral"), count=count_llama,
+    count_hf=count_llama_hf,
     hf_config=llama_hf_config))
 register_family(Family(
     "bert", "BERT: a bidirectional encoder with its masked-LM head", Bert, BertConfig,
@@ -337,6 +343,11 @@ register_family(Family(
     "neox", "GPT-NeoX / Pythia: partial RoPE, per-head fused qkv, parallel residual", GPTNeoX,
     NeoXConfig, NextTokenLoss, aliases=("gpt-neox", "pythia"), hf_model_types=("gpt_neox",),
     count=count_neox, count_hf=count_neox_hf, hf_config=neox_hf_config))
+register_family(Family(
+    "gemma", "Gemma and Gemma2: Gemma's RMSNorm, a scaled embedding, GeGLU, a tied head; "
+    "Gemma2's sandwich norms, soft caps and alternating sliding window", Gemma, GemmaConfig,
+    NextTokenLoss, hf_model_types=("gemma", "gemma2"), count=count_gemma,
+    count_hf=count_gemma_hf, hf_config=gemma_hf_config))
 
 for _preset in [
     Preset("gpt2", "gpt", GPTConfig.gpt2(), "GPT-2 124M (Hugging Face gpt2)",
@@ -361,6 +372,26 @@ for _preset in [
            "(EleutherAI/gpt-neox-20b)", hf=True),
     Preset("neox-tiny", "neox", NeoXConfig(), "a toy GPT-NeoX: parallel residual, a quarter "
            "of each head rotated"),
+    Preset("mistral-7b-v0.1", "llama", LlamaConfig(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
+        max_position_embeddings=32768, sliding_window=4096),
+        "Mistral-7B-v0.1's shape (mistralai/Mistral-7B-v0.1): a Llama with a 4096-position "
+        "sliding window", hf=True),
+    Preset("mistral-tiny", "llama", LlamaConfig(num_key_value_heads=2, sliding_window=3),
+           "a toy Mistral: llama-tiny with a sliding window of 3 positions"),
+    Preset("gemma-2b", "gemma", GemmaConfig.gemma_2b(), "Gemma-2B's shape (google/gemma-2b)",
+           hf=True),
+    Preset("gemma-2-2b", "gemma", GemmaConfig.gemma2_2b(), "Gemma-2-2B's shape "
+           "(google/gemma-2-2b)", hf=True),
+    Preset("gemma-tiny", "gemma", GemmaConfig(num_key_value_heads=2),
+           "a toy Gemma with two key/value heads for four query heads"),
+    Preset("gemma2-tiny", "gemma", GemmaConfig(
+        num_hidden_layers=3, num_key_value_heads=2, model_type="gemma2",
+        query_pre_attn_scalar=8, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+        sliding_window=3, layer_types=("sliding_attention", "full_attention",
+                                       "sliding_attention")),
+        "a toy Gemma2: sandwich norms, soft caps, a window of 3 on layers 0 and 2"),
     Preset("bert-base-uncased", "bert", BertConfig(
         vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
         intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2),

@@ -48,7 +48,8 @@ def cross_entropy(g, shape, dtype, ignored=0, label_smoothing=0.0, reduction="me
 
 
 def attention(g, shape, dtype, kv_heads=None, keys=None, value_dim=None, causal=False,
-               mask=None, padding=None, dropout_p=0.0, causal_offset=0, scale=None):
+               mask=None, padding=None, dropout_p=0.0, causal_offset=0, scale=None,
+               window=None, softcap=None):
     batch, heads, queries, width = shape
     groups, keys = kv_heads or heads, keys or queries
     attn_mask = key_padding_mask = None
@@ -64,14 +65,15 @@ def attention(g, shape, dtype, kv_heads=None, keys=None, value_dim=None, causal=
     return {"q": normal(g, shape, dtype), "k": normal(g, (batch, groups, keys, width), dtype),
             "v": normal(g, (batch, groups, keys, value_dim or width), dtype),
             "attn_mask": attn_mask, "key_padding_mask": key_padding_mask, "is_causal": causal,
-            "causal_offset": causal_offset, "dropout_p": dropout_p, "rng": 7, "scale": scale}
+            "causal_offset": causal_offset, "dropout_p": dropout_p, "rng": 7, "scale": scale,
+            "window": window, "softcap": softcap}
 
 
 def flash_attention(g, shape, dtype, block_q=64, block_k=64, tiles=None, **options):
     """attention's inputs (no dropout: FlashAttention's reference has none) and the tiles
     (`tiles` (block_q, block_k) at once)."""
     inputs = attention(g, shape, dtype, **options)
-    del inputs["dropout_p"], inputs["rng"]
+    del inputs["dropout_p"], inputs["rng"], inputs["window"], inputs["softcap"]
     block_q, block_k = tiles or (block_q, block_k)
     return {**inputs, "block_q": block_q, "block_k": block_k}
 

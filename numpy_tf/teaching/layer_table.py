@@ -23,7 +23,8 @@ import numpy as np
 
 from ..checking.finite_differences import GradcheckReport, gradcheck
 from ..layers import (activations, attention, cross_entropy_loss, dropout, embedding,
-                      flash_attention, linear, mlp, moe, norm, positions, rope, softmax)
+                      flash_attention, linear, mlp, moe, norm, positions, rope, softcap,
+                      softmax)
 from ..models import cbow
 from . import layer_inputs as draw
 
@@ -112,6 +113,13 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
               (_case("x (2, 3, 4)", (2, 3, 4)), _case("large |x| (scale 30)", (3, 5), scale=30.0),
                _case("one element", (1,))),
               "y = x sigma(x), sigma(x) = 1 / (1 + exp(-x)). Return dx, shaped like x."),
+    LayerSpec("softcap", softcap, softcap.SoftCapCache, ("x",), draw.elementwise, "x (...)",
+              (_case("cap 2", (2, 3, 4), cap=2.0),
+               _case("far beyond the cap (|x| up to ~60, cap 1.5)", (3, 5), scale=20.0,
+                     cap=1.5),
+               _case("one element, cap 30", (1,), cap=30.0)),
+              "y = c tanh(x / c) elementwise, c > 0 (Gemma2's soft-capping).\n"
+              "Return dx, shaped like x."),
     LayerSpec("softmax", softmax, softmax.SoftmaxCache, ("x",), draw.elementwise, "x (...)",
               _SOFTMAX_CASES,
               "p_i = exp(x_i) / sum_j exp(x_j) along `axis`. Return dx, shaped like x."),
@@ -152,11 +160,16 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
                      padding="one sequence all padding"),
                _case("float mask added to the scores", (2, 2, 3, 4), mask="float"),
                _case("one query, one key (T=1)", (1, 1, 1, 2)),
-               _case("dropout on the probabilities", (1, 2, 3, 2), dropout_p=0.3)),
+               _case("dropout on the probabilities", (1, 2, 3, 2), dropout_p=0.3),
+               _case("causal, sliding window of 2", (2, 2, 5, 3), causal=True, window=2),
+               _case("soft-capped scores (cap 0.5)", (1, 2, 4, 3), causal=True,
+                     softcap=0.5)),
               "S = scale q k^T + M (scale = 1/sqrt(d), M the float mask), S = -inf where blocked,\n"
               "P = softmax(S) over the keys (a fully blocked row gives P = 0), out = (P m) v\n"
               "with the dropout mask m (or P v). Key/value head j serves query heads j r ..\n"
               "j r + r - 1, r = H / G. q (B, H, Tq, d), k (B, G, Tk, d), v (B, G, Tk, dv).\n"
+              "A window W also blocks keys j <= i + offset - W; a soft cap c makes the scaled\n"
+              "scores c tanh(scale q k^T / c) before M is added.\n"
               "Return (dq, dk, dv), shaped like q, k and v."),
     LayerSpec("flash_attention", flash_attention, flash_attention.FlashAttentionCache,
               ("q", "k", "v"), draw.flash_attention, "q (B, H, Tq, d)",
