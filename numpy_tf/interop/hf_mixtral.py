@@ -53,7 +53,7 @@ def _rope_theta(config: Mapping) -> float:
 def mixtral_config(config: Mapping) -> MixtralConfig:
     """numpy_tf's MixtralConfig for a Hugging Face MixtralConfig dict; refuses, by name, what
     numpy_tf lacks: a scaled RoPE, an activation other than silu, router jitter noise. A
-    sliding_window is kept: the model refuses an input longer than it (MixtralConfig)."""
+    sliding_window is Mistral's window (LlamaConfig's), in the forward and in cached decoding."""
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {config['hidden_act']!r} is not implemented (numpy_tf's "
                          "Mixtral experts are SwiGLU: hidden_act 'silu')")

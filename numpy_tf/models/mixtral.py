@@ -64,9 +64,8 @@ class MixtralConfig:
     """HF MixtralConfig's fields that shape the computation, with HF's names (defaults: a toy
     size; HF's defaults are Mixtral-8x7B's, MixtralConfig.mixtral_8x7b()). head_dim None is
     hidden_size // num_attention_heads; num_key_value_heads None is num_attention_heads.
-    sliding_window (HF's: query i sees key j when i - j < sliding_window) is not implemented
-    beyond its reach: a forward whose cached and new positions P + T exceed it is refused, and
-    up to it every earlier key lies inside the window, so attention is the full causal one."""
+    sliding_window W is Mistral's (HF's: query i sees key j when i - j < W), in the full forward
+    and in KV-cache decoding, as LlamaConfig(sliding_window=W) computes it."""
     vocab_size: int = 32
     hidden_size: int = 16
     intermediate_size: int = 24
@@ -97,8 +96,6 @@ class MixtralConfig:
                              "chooses that many different experts")
         validate.number("router_aux_loss_coef", self.router_aux_loss_coef)
         validate.flag("output_router_logits", self.output_router_logits)
-        if self.sliding_window is not None:
-            validate.positive_int("sliding_window", self.sliding_window)
 
     def llama_config(self) -> LlamaConfig:
         """The Llama whose blocks these are but for the feed-forward (its intermediate_size is
@@ -112,7 +109,7 @@ class MixtralConfig:
             tie_word_embeddings=self.tie_word_embeddings,
             max_position_embeddings=self.max_position_embeddings,
             attention_dropout=self.attention_dropout, pad_token_id=self.pad_token_id,
-            initializer_range=self.initializer_range)
+            initializer_range=self.initializer_range, sliding_window=self.sliding_window)
 
     @property
     def kv_heads(self) -> int:
@@ -218,19 +215,9 @@ class Mixtral(Llama):
         """ids (B, T) -> logits (B, T, V): Llama's forward (its key_padding_mask, past_kv and
         positions) through these blocks; the cache adds each layer's router logits, what the
         auxiliary loss reads."""
-        self._check_window(ids, past_kv)
         logits, cache = super().forward(ids, key_padding_mask, past_kv, positions, rng)
         router_logits = [layer.mlp.router_logits for layer in cache.layers]
         return logits, MixtralCache(**cache._asdict(), router_logits=router_logits)
-
-    def _check_window(self, ids, past_kv) -> None:
-        window = self.config.sliding_window
-        length = np.shape(ids)[-1] + (0 if not past_kv else np.shape(past_kv[0][0])[2])
-        if window is not None and length > window:
-            raise ValueError(f"sliding_window={window} is not implemented beyond its reach: "
-                             f"this call spans {length} positions (cached and new), and a query "
-                             f"may see only the last {window}; numpy_tf's Mixtral computes HF's "
-                             "model for at most sliding_window positions")
 
     def backward(self, dlogits, cache: MixtralCache, drouter_logits=None):
         """The forward in exact reverse; `drouter_logits` (one (B T, E) per layer, or None) is
