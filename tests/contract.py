@@ -152,3 +152,13 @@ def assert_hf_round_trip_is_bit_exact(config: dict, state: dict, dtype) -> None:
     for key in state:
         assert exported[key].dtype == state[key].dtype
         assert exported[key].tobytes() == state[key].tobytes(), key
+
+
+def finish_gguf(writer, path: Path) -> Path:
+    """Write out a gguf.GGUFWriter whose metadata and tensors are all added, in the order
+    the format wants them (header, key-values, tensors), and close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -24,6 +24,7 @@ import numpy as np
 from ..core.npz import bad_file, from_json_array, json_array, load_npz, save_npz
 
 SECTIONS = ("param", "input", "output", "grad_output", "grad", "grad_input", "act", "grad_act")
+CASE_DTYPES = ("float64", "float32", "bfloat16", "float16")   # bf16/fp16: run_torch's dtype=
 NUMBER_KINDS = {"b": "bool", "i": "integer", "u": "integer", "f": "float"}
 
 
@@ -59,8 +60,8 @@ class Case:
         if not isinstance(meta.get("kind"), str):
             raise bad_file(path, "meta has no kind", "a string such as 'linear'",
                            repr(meta.get("kind")))
-        if meta.get("dtype") not in ("float32", "float64"):
-            raise bad_file(path, "meta has no usable dtype", "'float32' or 'float64'",
+        if meta.get("dtype") not in CASE_DTYPES:
+            raise bad_file(path, "meta has no usable dtype", " or ".join(map(repr, CASE_DTYPES)),
                            repr(meta.get("dtype")))
         check_case_arrays(path, arrays)
         return cls(meta, arrays)

@@ -78,6 +78,7 @@ def require_file(path, what: str = "file") -> Path:
 
 
 _ZIP_MAGIC = b"PK\x03\x04"
+_EMPTY_ZIP_MAGIC = b"PK\x05\x06"                  # a zip of no members starts at its end record
 _NPZ = "not a readable .npz file"
 
 
@@ -95,7 +96,7 @@ def load_npz(path) -> dict[str, np.ndarray]:
         raise bad_file(path, f"{_NPZ}: the file is empty", "a zip of .npy members", "0 bytes")
     with open(path, "rb") as handle:
         head = handle.read(4)
-    if head != _ZIP_MAGIC:
+    if head not in (_ZIP_MAGIC, _EMPTY_ZIP_MAGIC):
         raise bad_file(path, f"{_NPZ}: it is not a zip archive",
                        f"a zip of .npy members, starting with {_ZIP_MAGIC!r}",
                        f"{size} bytes starting with {head!r}")
@@ -134,11 +135,11 @@ def load_npy(path) -> np.ndarray:
     truncated, object data) is a FileFormatError naming it."""
     path = require_file(path, ".npy file")
     size = path.stat().st_size
-    where = "not a readable .npy file"
+    where = "not a readable .npy file: the array"
     with open(path, "rb") as handle:
         head = handle.read(len(_NPY_MAGIC))
         if head != _NPY_MAGIC:
-            raise bad_file(path, f"{where}: it does not start as an .npy file does",
+            raise bad_file(path, "not a readable .npy file: it does not start as one does",
                            repr(_NPY_MAGIC), f"{size} bytes starting with {head!r}")
         handle.seek(0)
         try:

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.module import Module
-from ..core.npz import FileFormatError, bad_file, from_json_array, json_array, load_npz, require_file, save_npz
+from ..core.npz import FileFormatError, bad_file, from_json_array, json_array, load_npz, save_npz
 from ..models import registry
 from ..optim.optimizer import Optimizer
 
@@ -133,7 +133,7 @@ def load_checkpoint(path) -> Checkpoint:
     (not an .npz, no or broken meta, a model spec that does not build, missing, unexpected or
     mismatched parameters, a NaN or infinite weight) is a FileFormatError naming the file and
     what is wrong; a missing file is a FileNotFoundError."""
-    path = require_file(path, "checkpoint")
+    path = Path(path)
     arrays = load_npz(path)
     if "meta" not in arrays:
         raise bad_file(path, "the file is not a numpy_tf checkpoint: it has no 'meta' entry",
