@@ -399,11 +399,10 @@ def test_a_training_history_that_is_not_one(tmp_path):
 
 # --- GGUF -------------------------------------------------------------------------------
 
-gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package")
-
-
 def _gguf_file(path, *, heads=4, kv_heads=2, hidden=16, vocab=8, nan=False, blocks=1):
-    """A one-block Llama GGUF with the given head counts (written with gguf's own writer)."""
+    """A one-block Llama GGUF with the given head counts (written with gguf's own writer;
+    skipped, with the reason, where gguf is not installed)."""
+    gguf = pytest.importorskip("gguf", reason="writing and reading GGUF files needs gguf")
     head_dim = 4
     writer = gguf.GGUFWriter(str(path), "llama")
     if isinstance(blocks, str):
@@ -601,3 +600,36 @@ def test_the_rename_suggestion(reference):
     assert suggest_rename([k for k in keys if "/" in k], prefixed)["to"] == "model."
     assert suggest_rename(["act/a"], ["act/b"]) is None          # one pair is no pattern
     assert suggest_rename(missing, []) is None
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70)
+                    | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+META_PLACES = ["format", "step", "rng", "optimizer", "model", "model.kind", "model.dtype",
+               "model.config", *(f"model.config.{field}" for field in (
+                   "vocab_size", "width", "heads", "layers", "max_context", "hidden", "tied",
+                   "norm_eps", "dropout", "activation"))]
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(place=st.sampled_from(META_PLACES), value=JSON)
+def test_any_json_value_anywhere_in_a_checkpoint_meta_loads_or_is_refused(
+        place, value, checkpoint_arrays, tmp_path):
+    """A checkpoint whose meta holds any JSON value at any field: it loads (the value fits) or
+    is refused with a FileFormatError naming the file; never a KeyError, TypeError,
+    AttributeError, ZeroDivisionError or an allocation the file cannot back."""
+    arrays, meta = checkpoint_arrays
+    meta = json.loads(json.dumps(meta))
+    *parents, last = place.split(".")
+    node = meta
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    path = tmp_path / "fuzzed.npz"
+    save_npz(path, _with_meta(arrays, meta))
+    try:
+        load_checkpoint(path)
+    except FileFormatError as error:
+        assert str(error).startswith(str(path))
