@@ -2,9 +2,12 @@
 
 Each block runs in a fresh namespace, in a temporary folder of its own, so it can rely on nothing
 an earlier block defined or wrote. A block that needs an optional package is skipped, with the
-package named, where that package is absent; one that needs torch is marked `torch` so that CI's
-torch step runs it. A block that is a fragment by design starts with the line `# sketch`: it is
-not run, but it must still be valid Python.
+package named, where that package is absent; one that needs torch is marked `torch` (jax or
+flax: `jax`) so that CI's torch (JAX) step runs it. A block that is a fragment by design starts
+with the line `# sketch`: it is not run, but it must still be valid Python. That is the only way
+out: a Python fence spelled otherwise (```py, ```python3, indented) is refused, and a block that
+builds a Hugging Face model must put it in eval mode (a fresh one has dropout on). A block
+states its claims as asserts, so a false claim fails its test.
 """
 from __future__ import annotations
 
@@ -82,7 +85,11 @@ RUNNABLE = [block for block in ALL if not block.sketch]
 
 
 def _param(block: Block):
-    marks = [pytest.mark.torch] if "torch" in needs(block.source) else []
+    """A block that needs torch is marked torch, one that needs jax or flax jax, so that CI's
+    torch and JAX steps (`pytest -m torch`, `pytest -m jax`) run it after installing them."""
+    found = needs(block.source)
+    marks = [pytest.mark.torch] if "torch" in found else []
+    marks += [pytest.mark.jax] if found & {"jax", "flax"} else []
     return pytest.param(block, id=block.name, marks=marks)
 
 
