@@ -633,3 +633,16 @@ def test_any_json_value_anywhere_in_a_checkpoint_meta_loads_or_is_refused(
         load_checkpoint(path)
     except FileFormatError as error:
         assert str(error).startswith(str(path))
+
+
+def test_resuming_from_a_checkpoint_without_usable_settings_is_refused(checkpoint_arrays,
+                                                                       tmp_path):
+    from numpy_tf.models.objectives import TargetLoss
+    from numpy_tf.training.trainer import Trainer
+
+    arrays, meta = checkpoint_arrays
+    path = tmp_path / "c.npz"
+    for settings, word in [(None, "holds no training settings"),
+                           ({"steps": 10, "colour": 1}, "'colour'")]:
+        save_npz(path, _with_meta(arrays, {**meta, "settings": settings}))
+        refused(lambda p: Trainer.resume(load_checkpoint(p), TargetLoss, None), path, word)
