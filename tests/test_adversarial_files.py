@@ -646,3 +646,11 @@ def test_resuming_from_a_checkpoint_without_usable_settings_is_refused(checkpoin
                            ({"steps": 10, "colour": 1}, "'colour'")]:
         save_npz(path, _with_meta(arrays, {**meta, "settings": settings}))
         refused(lambda p: Trainer.resume(load_checkpoint(p), TargetLoss, None), path, word)
+
+
+def test_reading_some_members_still_checks_the_file(tmp_path):
+    path = tmp_path / "f.npz"
+    save_npz(path, {"meta": json_array({"kind": "x"}), "big": np.arange(5.0)})
+    assert list(load_npz(path, ["meta"])) == ["meta"]
+    path.write_bytes(path.read_bytes()[:-30])
+    refused(lambda p: load_npz(p, ["meta"]), path, "truncated or damaged")

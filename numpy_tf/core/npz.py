@@ -82,8 +82,9 @@ _EMPTY_ZIP_MAGIC = b"PK\x05\x06"                  # a zip of no members starts a
 _NPZ = "not a readable .npz file"
 
 
-def load_npz(path) -> dict[str, np.ndarray]:
-    """{name: array} from an .npz file, in file order, loaded without pickle.
+def load_npz(path, names=None) -> dict[str, np.ndarray]:
+    """{name: array} from an .npz file, in file order, loaded without pickle (with `names`,
+    only those members are read: `load_npz(path, ["meta"])`).
 
     Read member by member with zipfile and the .npy header (never np.load's guessing, which
     calls a file that is not a zip "pickled data"), so every way a file can be malformed is a
@@ -115,8 +116,9 @@ def load_npz(path) -> dict[str, np.ndarray]:
             if name in arrays:
                 raise bad_file(path, f"{_NPZ}: member {info.filename!r} appears twice",
                                "each name once", "two members of that name")
-            arrays[name] = _read_member(path, archive, info)
-    return arrays
+            arrays[name] = _read_member(path, archive, info) if names is None or name in names \
+                else None
+    return {name: array for name, array in arrays.items() if array is not None}
 
 
 def _read_member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
