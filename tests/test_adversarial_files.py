@@ -86,10 +86,17 @@ LOADERS = {
 }
 
 
+class Files(dict):
+    """{loader: the bytes of a good file}, shown by name only in a failing example's report."""
+
+    def __repr__(self) -> str:
+        return f"<good files for {', '.join(self)}>"
+
+
 @pytest.fixture(scope="module")
 def good_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("good")
-    files = {}
+    files = Files()
     for name, (write, load) in LOADERS.items():
         path = folder / f"{name.replace(' ', '_')}.npz"
         write(path)
@@ -99,11 +106,11 @@ def good_files(tmp_path_factory):
     return files
 
 
-def _place(tmp_path, name, content: bytes) -> Path:
+def _place(tmp_path, name, content: bytes, good_files) -> Path:
     path = tmp_path / "broken.npz"
     path.write_bytes(content)
     if name == "compare (theirs)":
-        _case(tmp_path / "reference.npz")
+        (tmp_path / "reference.npz").write_bytes(good_files["Case.load"])
     return path
 
 
@@ -157,7 +164,7 @@ BROKEN = list(_broken_files(b"PK\x03\x04" + b"\0" * 64))
 @pytest.mark.parametrize("kind", BROKEN)
 def test_every_loader_refuses_every_broken_file(loader, kind, good_files, tmp_path):
     content, words = _broken_files(good_files[loader])[kind]
-    path = _place(tmp_path, loader, content)
+    path = _place(tmp_path, loader, content, good_files)
     refused(LOADERS[loader][1], path, *words)
 
 
@@ -196,15 +203,8 @@ def test_corrupted_or_truncated_bytes_load_the_same_arrays_or_are_refused(data, 
     """Flip bytes or cut the file anywhere: load_npz gives back exactly the saved arrays (a
     byte of a timestamp or attribute) or a FileFormatError naming the file, nothing else."""
     good = good_files["load_npz"]
-    content = bytearray(good)
-    if data.draw(st.booleans(), label="truncate"):
-        content = content[:data.draw(st.integers(0, len(good) - 1), label="length")]
-    else:
-        for _ in range(data.draw(st.integers(1, 4), label="flips")):
-            position = data.draw(st.integers(0, len(good) - 1), label="position")
-            content[position] ^= data.draw(st.integers(1, 255), label="mask")
     path = tmp_path / "corrupt.npz"
-    path.write_bytes(bytes(content))
+    path.write_bytes(_corrupted(data, good))
     try:
         arrays = load_npz(path)
     except FileFormatError as error:
@@ -216,6 +216,32 @@ def test_corrupted_or_truncated_bytes_load_the_same_arrays_or_are_refused(data, 
     for key in arrays:
         assert arrays[key].dtype == original[key].dtype
         np.testing.assert_array_equal(arrays[key], original[key])
+
+
+@pytest.mark.parametrize("loader", [name for name in LOADERS if name != "load_npz"])
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_loader_on_corrupted_or_truncated_bytes(loader, data, good_files, tmp_path):
+    """The same damage on each loader's own good file: it loads, or refuses the file with a
+    FileFormatError naming it; never another exception."""
+    path = _place(tmp_path, loader, _corrupted(data, good_files[loader]), good_files)
+    try:
+        LOADERS[loader][1](path)
+    except FileFormatError as error:
+        assert str(error).startswith(str(path))
+
+
+def _corrupted(data, good: bytes) -> bytes:
+    """`good` cut short, or with 1 to 4 bytes changed, as hypothesis draws it."""
+    content = bytearray(good)
+    if data.draw(st.booleans(), label="truncate"):
+        content = content[:data.draw(st.integers(0, len(good) - 1), label="length")]
+    else:
+        for _ in range(data.draw(st.integers(1, 4), label="flips")):
+            position = data.draw(st.integers(0, len(good) - 1), label="position")
+            content[position] ^= data.draw(st.integers(1, 255), label="mask")
+    return bytes(content)
 
 
 # --- checkpoints: the meta and the weights -------------------------------------------------

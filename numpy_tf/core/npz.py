@@ -13,6 +13,7 @@ import json
 import math
 import os
 import tempfile
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -123,12 +124,17 @@ def load_npz(path, names=None) -> dict[str, np.ndarray]:
 
 def _read_member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
     where = f"{_NPZ}: member {info.filename!r}"
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or info.flag_bits & 1:
+        raise bad_file(path, f"{where} is encrypted or compressed in a way .npz files are not",
+                       "stored or deflated, unencrypted",
+                       f"compression {info.compress_type}, flags {info.flag_bits:#x}")
     try:
         with archive.open(info) as member:
             return _read_npy(path, member, info.file_size, where)
     except FileFormatError:
         raise
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as error:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, NotImplementedError,
+            RuntimeError) as error:      # the last two: a local header contradicting the index
         raise bad_file(path, f"{where} is damaged ({type(error).__name__}: {error})") from None
 
 
@@ -159,13 +165,17 @@ def _read_npy(path: Path, stream, size: int, where: str) -> np.ndarray:
     """One .npy array from `stream` (`size` bytes long): header first, so that a header that
     promises more than the stream holds is refused before any memory is allocated."""
     version = np.lib.format.read_magic(stream)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
-    else:
+    readers = {(1, 0): np.lib.format.read_array_header_1_0,
+               (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in readers:
         raise bad_file(path, f"{where} has an .npy version numpy_tf does not read",
                        "version 1.0 or 2.0", f"{version[0]}.{version[1]}")
+    try:
+        shape, fortran, dtype = readers[version](stream)
+    except (ValueError, SyntaxError, TypeError, tokenize.TokenError) as error:
+        # NumPy parses the header (a Python dict literal) with ast.literal_eval
+        raise bad_file(path, f"{where} has a damaged header ({type(error).__name__}: "
+                       f"{error})") from None
     if dtype.hasobject:
         raise bad_file(path, f"{where} holds object (pickled) data, which numpy_tf never loads",
                        "numbers or strings", f"dtype {dtype}")
