@@ -487,7 +487,7 @@ def test_a_good_gguf_file_loads_and_broken_bytes_are_refused(tmp_path):
     content = path.read_bytes()
     for name, broken, word in [("empty", b"", "not a GGUF file"),
                                ("text", b"hello world\n", "not a GGUF file"),
-                               ("cut", content[:len(content) // 3], "can read")]:
+                               ("cut", content[:len(content) // 3], "beyond the end")]:
         (tmp_path / f"{name}.gguf").write_bytes(broken)
         refused(load_gguf, tmp_path / f"{name}.gguf", word)
 
@@ -680,3 +680,36 @@ def test_reading_some_members_still_checks_the_file(tmp_path):
     assert list(load_npz(path, ["meta"])) == ["meta"]
     path.write_bytes(path.read_bytes()[:-30])
     refused(lambda p: load_npz(p, ["meta"]), path, "truncated or damaged")
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_damaged_gguf_file_loads_or_is_refused(data, tmp_path):
+    """Cut or flip bytes of a good GGUF file: load_gguf reads it (a flipped weight is only a
+    different number) or refuses it with a FileFormatError naming it."""
+    from numpy_tf.interop.pretrained import load_gguf
+
+    good = tmp_path / "good.gguf"
+    if not good.exists():
+        _gguf_file(good)
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(_corrupted(data, good.read_bytes()))
+    try:
+        load_gguf(path)
+    except FileFormatError as error:
+        assert str(error).startswith(str(path))
+
+
+@pytest.mark.parametrize("position, what", [(16, "claims more entries"),     # key-value count
+                                            (98, "llama.block_count")])     # 1 -> 2**31 + 1
+def test_a_gguf_count_blown_up_is_refused_before_anything_is_allocated(position, what,
+                                                                        tmp_path):
+    """One flipped high bit in a count: gguf's reader would loop over 2**63 entries until
+    memory runs out (11 GB when this was found); the layout walk refuses it first."""
+    from numpy_tf.interop.pretrained import load_gguf
+
+    content = bytearray(_gguf_file(tmp_path / "g.gguf").read_bytes())
+    content[position + 3] ^= 0x80
+    (tmp_path / "blown.gguf").write_bytes(bytes(content))
+    refused(load_gguf, tmp_path / "blown.gguf", what)

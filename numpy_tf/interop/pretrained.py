@@ -218,11 +218,97 @@ def _open_reader(path: Path):
     if magic != GGUF_MAGIC:
         raise bad_file(path, "not a GGUF file", f"a file starting with {GGUF_MAGIC!r}",
                        f"{path.stat().st_size} bytes starting with {magic!r}")
+    check_gguf_layout(path, gguf)
     try:
         return gguf.GGUFReader(path, "r")
     except Exception as error:           # gguf raises bare ValueError/IndexError on bad files
         raise bad_file(path, f"not a GGUF file numpy_tf can read (truncated or damaged? gguf "
                        f"{_gguf_version()} says {type(error).__name__}: {error})") from None
+
+
+# GGUF value type -> bytes of one value (8: a string, 9: an array, read below)
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def check_gguf_layout(path: Path, gguf) -> None:
+    """Walk the header, every key-value and every tensor entry of a GGUF file, checking each
+    count and length against the bytes the file holds, before gguf.GGUFReader reads it: the
+    reader trusts them, so one damaged count made it loop over a 2**60-entry array until
+    memory ran out. A count or length that does not fit is a FileFormatError naming where."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    size = len(data)
+    version = int.from_bytes(bytes(data[4:8]), "little") if size >= 8 else 0
+    order = "little" if version & 0xFFFF else "big"      # GGUF's own test for a big-endian file
+
+    def integer(offset: int, width: int, what: str) -> int:
+        if offset + width > size:
+            raise bad_file(path, f"GGUF {what} at byte {offset} is cut off",
+                           f"{width} bytes", f"{max(size - offset, 0)} left")
+        return int.from_bytes(bytes(data[offset:offset + width]), order)
+
+    def string(offset: int, what: str) -> int:            # -> the offset after it
+        length = integer(offset, 8, f"length of {what}")
+        if offset + 8 + length > size:
+            raise bad_file(path, f"GGUF {what} at byte {offset} is longer than the file",
+                           f"at most {size - offset - 8} bytes", length)
+        return offset + 8 + length
+
+    def value(offset: int, kind: int, what: str) -> int:   # -> the offset after it
+        if kind in _GGUF_SIZES:
+            integer(offset, _GGUF_SIZES[kind], what)
+            return offset + _GGUF_SIZES[kind]
+        if kind == 8:
+            return string(offset, what)
+        if kind != 9:
+            raise bad_file(path, f"GGUF {what} at byte {offset} has an unknown type",
+                           "a type in 0 .. 12", kind)
+        inner, count = integer(offset, 4, what), integer(offset + 4, 8, f"length of {what}")
+        offset += 12
+        smallest = _GGUF_SIZES.get(inner, 8)               # a string or array takes >= 8
+        if count * smallest > size - offset:
+            raise bad_file(path, f"GGUF {what} claims more entries than the file can hold",
+                           f"at most {(size - offset) // smallest}", count)
+        if inner in _GGUF_SIZES:
+            return offset + count * smallest
+        for index in range(count):
+            offset = value(offset, inner, f"{what}[{index}]")
+        return offset
+
+    tensor_count = integer(8, 8, "tensor count")
+    kv_count = integer(16, 8, "key-value count")
+    offset = 24
+    if (tensor_count + kv_count) * 13 > size - offset:     # each entry takes >= 13 bytes
+        raise bad_file(path, "GGUF header claims more entries than the file can hold",
+                       f"at most {(size - offset) // 13} tensors and key-values in all",
+                       f"{tensor_count} tensors and {kv_count} key-values")
+    for index in range(kv_count):
+        offset = string(offset, f"key {index}")
+        offset = value(offset + 4, integer(offset, 4, f"type of key {index}"),
+                       f"value of key {index}")
+    tensors = []
+    for index in range(tensor_count):
+        offset = string(offset, f"name of tensor {index}")
+        dims = integer(offset, 4, f"dimension count of tensor {index}")
+        if dims > 4:
+            raise bad_file(path, f"GGUF tensor {index} has too many dimensions", "at most 4",
+                           dims)
+        shape = [integer(offset + 4 + 8 * d, 8, f"shape of tensor {index}")
+                 for d in range(dims)]
+        offset += 4 + 8 * dims
+        kind, start = integer(offset, 4, f"type of tensor {index}"), \
+            integer(offset + 4, 8, f"offset of tensor {index}")
+        offset += 12
+        try:
+            block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise bad_file(path, f"GGUF tensor {index} has an unknown type", "a GGML type",
+                           kind) from None
+        tensors.append((index, start, math.prod(shape) * block_bytes // block))
+    for index, start, nbytes in tensors:   # the data starts at `offset` or later (alignment)
+        if offset + start + nbytes > size:
+            raise bad_file(path, f"GGUF tensor {index} lies beyond the end of the file",
+                           f"its {nbytes} bytes within the file's {size}",
+                           f"bytes {offset + start} .. {offset + start + nbytes} at least")
 
 
 def _require(metadata: dict, key: str, path: Path):
@@ -353,9 +439,16 @@ def load_gguf(path, dtype=np.float32, *, cache_dir=None) -> tuple[dict, dict, di
         path = extract_gguf(path, cache_dir)
     gguf = _import_gguf()
     reader = _open_reader(path)
-    metadata = {key: field.contents() for key, field in reader.fields.items()}
+    try:
+        metadata = {key: field.contents() for key, field in reader.fields.items()}
+    except (UnicodeDecodeError, ValueError, IndexError) as error:
+        raise bad_file(path, f"GGUF metadata cannot be read ({type(error).__name__}: "
+                       f"{error})") from None
     names = [tensor.name for tensor in reader.tensors]
     config = hf_config(metadata, path, tied="output.weight" not in names)
+    if config["num_hidden_layers"] > len(names):           # 9 tensors a block: a damaged count
+        raise bad_file(path, "GGUF metadata llama.block_count is more blocks than the file "
+                       "holds tensors", f"at most {len(names)}", config["num_hidden_layers"])
     shapes = expected_shapes(config)
     keys = _checked_names(names, shapes, path)
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
@@ -372,6 +465,9 @@ def load_gguf(path, dtype=np.float32, *, cache_dir=None) -> tuple[dict, dict, di
         except NotImplementedError:
             raise bad_file(path, f"tensor {tensor.name} is stored as "
                            f"{tensor.tensor_type.name}, which gguf cannot dequantise") from None
+        if values.size != math.prod(shape):
+            raise bad_file(path, f"tensor {tensor.name} holds a different number of values "
+                           "than its shape", math.prod(shape), values.size)
         values = np.array(values.reshape(shape), dtype=dtype)       # a copy, off the memmap
         finite = np.isfinite(values)
         if not finite.all():
