@@ -64,7 +64,8 @@ class Row:
     comparison: TensorComparison
     reference_shape: tuple
     their_shape: tuple
-    problem: str = ""                  # "shape" or "dtype int64 for float64": not compared
+    problem: str = ""              # "shape (7,) for (8,)", "dtype int64 for float64": why the
+                                   # values were not compared (the row diverges)
 
     def to_dict(self) -> dict:
         c = self.comparison
