@@ -164,3 +164,11 @@ def assert_cached_decoding_equals_the_full_forward(model, ids: np.ndarray, promp
         logits, cache = model.forward(ids[:, t:t + 1], past_kv=cache.present)
         steps.append(logits)
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-12, atol=1e-12)
+def finish_gguf(writer, path: Path) -> Path:
+    """Write out a gguf.GGUFWriter whose metadata and tensors are all added, in the order
+    the format wants them (header, key-values, tensors), and close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

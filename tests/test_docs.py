@@ -2,9 +2,12 @@
 
 Each block runs in a fresh namespace, in a temporary folder of its own, so it can rely on nothing
 an earlier block defined or wrote. A block that needs an optional package is skipped, with the
-package named, where that package is absent; one that needs torch is marked `torch` so that CI's
-torch step runs it. A block that is a fragment by design starts with the line `# sketch`: it is
-not run, but it must still be valid Python.
+package named, where that package is absent; one that needs torch is marked `torch` (jax or
+flax: `jax`) so that CI's torch (JAX) step runs it. A block that is a fragment by design starts
+with the line `# sketch`: it is not run, but it must still be valid Python. That is the only way
+out: a Python fence spelled otherwise (```py, ```python3, indented) is refused, and a block that
+builds a Hugging Face model must put it in eval mode (a fresh one has dropout on). A block
+states its claims as asserts, so a false claim fails its test.
 """
 from __future__ import annotations
 
@@ -82,7 +85,11 @@ RUNNABLE = [block for block in ALL if not block.sketch]
 
 
 def _param(block: Block):
-    marks = [pytest.mark.torch] if "torch" in needs(block.source) else []
+    """A block that needs torch is marked torch, one that needs jax or flax jax, so that CI's
+    torch and JAX steps (`pytest -m torch`, `pytest -m jax`) run it after installing them."""
+    found = needs(block.source)
+    marks = [pytest.mark.torch] if "torch" in found else []
+    marks += [pytest.mark.jax] if found & {"jax", "flax"} else []
     return pytest.param(block, id=block.name, marks=marks)
 
 
@@ -133,6 +140,57 @@ def test_a_block_whose_claim_is_false_fails(tmp_path, monkeypatch):
     page.write_text("```python\nimport numpy as np\nassert np.float64(0.1) * 3 == 0.3\n```\n")
     with pytest.raises(AssertionError):
         test_block_runs_on_its_own(blocks(page)[0], tmp_path, monkeypatch)
+
+
+# a fence that opens Python code in another spelling would hide its block from FENCE
+PYTHON_FENCE = re.compile(r"^[ \t]*(```|~~~)[ \t]*\{?[ \t]*(python3?|py3?|pycon|ipython3?)\b",
+                          re.I | re.M)
+
+
+def test_sketch_is_the_only_way_out():
+    """Every fence that opens Python is a plain ```python at the start of a line, so each is
+    collected above: a ```py, ```python3, ~~~python or indented fence would silently not run."""
+    hidden = [f"{path.relative_to(ROOT)}:{path.read_text().count(chr(10), 0, m.start()) + 1}: "
+              f"{m.group(0).strip()!r}" for path in DOCUMENTS
+              for m in PYTHON_FENCE.finditer(path.read_text())
+              if m.group(0) != "```python" or FENCE.match(path.read_text(), m.start()) is None]
+    assert not hidden, hidden
+    page = "x\n  ```python\nx = 1\n  ```\n```py\ny = 2\n```\n"
+    assert len(PYTHON_FENCE.findall(page)) == 2 and not FENCE.findall(page)
+
+
+def hf_models_left_in_training_mode(source: str) -> list[str]:
+    """The Hugging Face model classes a block builds without ever calling .eval(): a fresh HF
+    model is in training mode, dropout on, so its outputs are random (GPT-2's logits differ
+    from numpy_tf's by 0.4)."""
+    tree = ast.parse(source)
+    classes = {alias.asname or alias.name for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom)
+               and (node.module or "").startswith("transformers") for alias in node.names
+               if not alias.name.endswith(("Config", "Tokenizer", "TokenizerFast"))}
+    built = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Name) and node.func.id in classes}
+    built |= {"from_pretrained" for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Attribute) and node.func.attr == "from_pretrained"}
+    evaluated = any(isinstance(node, ast.Attribute) and node.attr == "eval"
+                    for node in ast.walk(tree))
+    return [] if evaluated else sorted(built)
+
+
+@pytest.mark.parametrize("block", [b for b in RUNNABLE if "transformers" in needs(b.source)],
+                         ids=lambda b: b.name)
+def test_hugging_face_models_are_put_in_eval_mode(block):
+    assert not hf_models_left_in_training_mode(block.source), block.name
+
+
+def test_a_model_left_in_training_mode_is_seen():
+    built = ("from transformers import GPT2Config, GPT2LMHeadModel\n"
+             "hf = GPT2LMHeadModel(GPT2Config())\n")
+    assert hf_models_left_in_training_mode(built) == ["GPT2LMHeadModel"]
+    evaluated = built.replace("GPT2Config())", "GPT2Config()).eval()")
+    assert not hf_models_left_in_training_mode(evaluated)
+    assert hf_models_left_in_training_mode("import transformers\nm = transformers.AutoModel."
+                                           "from_pretrained('x')\n") == ["from_pretrained"]
 
 
 def test_needs_sees_imports_and_numpy_tf_functions():

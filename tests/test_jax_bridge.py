@@ -34,7 +34,7 @@ def run_gpt(tmp_path, path, **options):
     theirs = tmp_path / "jax.npz"
     run_jax(flax_gpt.TinyGPT(**options), path, theirs, params=flax_gpt.parameter_names(),
             activations=flax_gpt.activation_paths())
-    return theirs, compare_files(path, theirs)
+    return theirs, compare_files(path, theirs, allow_missing=True)   # positions: P alone
 
 
 def worst_size(result) -> float:
@@ -203,7 +203,7 @@ def test_a_plain_jax_function_against_the_flash_case(tmp_path):
     path = tmp_path / "flash.npz"
     export_flash_attention_case(seed=2).save(path)
     theirs = run_jax(jax_attention, path, tmp_path / "theirs.npz", variables={}, jit=False)
-    result = compare_files(path, tmp_path / "theirs.npz")
+    result = compare_files(path, tmp_path / "theirs.npz", allow_missing=True)   # no tiles
     assert result.passed, str(result)
     keys = {row.comparison.key for row in result.rows}
     assert {"act/logsumexp", "output/out", "grad_input/q", "grad_input/k", "grad_input/v"} <= keys

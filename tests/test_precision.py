@@ -158,7 +158,8 @@ def test_a_torch_bf16_gpt_passes_and_a_planted_eps_is_flagged_at_its_layernorm(t
     tensor beyond it (measured 11 to 14 times its budget over 6 seeds)."""
     path = tmp_path / "case.npz"
     export_case("tiny-gpt", seed=seed, init_std=0.02).save(path)
-    correct = precision_compare(path, torch_run(path, tmp_path / "bf16.npz", tiny_gpt()), "bf16")
+    correct = precision_compare(path, torch_run(path, tmp_path / "bf16.npz", tiny_gpt()), "bf16",
+                                allow_missing=True)              # act/positions: P alone
     assert correct.passed, str(correct)
     written = Case.load(tmp_path / "bf16.npz")
     assert written.meta["dtype"] == "bfloat16"
@@ -183,11 +184,11 @@ def test_a_bug_below_bf16_rounding_is_not_flagged(tmp_path):
     path = tmp_path / "case.npz"
     export_case("tiny-gpt", seed=0).save(path)
     bug = torch_run(path, tmp_path / "bug.npz", tiny_gpt(1e-3))
-    assert precision_compare(path, bug, "bf16").passed
+    assert precision_compare(path, bug, "bf16", allow_missing=True).passed
     bug32 = torch_run(path, tmp_path / "bug32.npz", tiny_gpt(1e-3), dtype="float32")
     assert precision_compare(path, bug32, "fp32").first_beyond.key == "act/blocks.1.norm1"
     correct32 = torch_run(path, tmp_path / "ok32.npz", tiny_gpt(), dtype="float32")
-    assert precision_compare(path, correct32, "fp32").passed
+    assert precision_compare(path, correct32, "fp32", allow_missing=True).passed
     with pytest.raises(ValueError, match="dtype must be one of float64, float32, bfloat16, "
                                          "float16; got 'int8'"):
         torch_run(path, tmp_path / "x.npz", tiny_gpt(), dtype="int8")

@@ -7,6 +7,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from contract import finish_gguf
 
 from numpy_tf import pretrained
 from numpy_tf.layers.rope import rope_forward
@@ -102,11 +103,7 @@ def write_gguf(path, weights, *, architecture="llama", quantize=None, drop=(), e
                               raw_dtype=qtype)
     for name, value in (extra or {}).items():
         writer.add_tensor(name, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return finish_gguf(writer, path)
 
 
 @pytest.fixture

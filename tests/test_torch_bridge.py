@@ -43,7 +43,7 @@ def test_the_tiny_pre_ln_gpt_agrees_number_by_number(tmp_path, dtype):
     theirs = tmp_path / "torch.npz"
     run_torch(reference("gpt").TinyGPT(20, 8, 16, 4, 2), path, theirs,
               activations=tiny_gpt_activations(case))
-    result = compare_files(path, theirs)
+    result = compare_files(path, theirs, allow_missing=True)     # positions: P alone
     assert result.passed, str(result)
     assert result.only_reference == ["act/positions", "grad_act/positions"]
     assert not result.only_theirs and len(result.rows) == len(case.arrays) - 2
@@ -89,7 +89,7 @@ def test_hugging_face_gpt2_with_padding_through_the_layout_table(tmp_path):
                       gpt2_layout(c["layers"]).rows},
               call=lambda m, x: m(input_ids=x["ids"],
                                   attention_mask=(~x["key_padding_mask"]).long()))
-    result = compare_files(path, theirs)
+    result = compare_files(path, theirs, allow_missing=True)     # 13 activations mapped
     assert result.passed, str(result)
     assert len([row for row in result.rows if row.comparison.key.startswith("act/")]) == 13
 
@@ -109,7 +109,7 @@ def test_torch_nn_transformer_with_every_matching_name(tmp_path):
                         call=lambda m, x: m(x["src_ids"], x["decoder_input"],
                                             x["src_key_padding_mask"],
                                             x["tgt_key_padding_mask"]))
-    result = compare_files(path, theirs)
+    result = compare_files(path, theirs, allow_missing=True)     # names torch lacks
     assert result.passed, str(result)
     assert "act/positions#2" in written.arrays and "grad_act/positions#2" in written.arrays
     assert sum(row.comparison.key.startswith("act/") for row in result.rows) > 40
@@ -177,7 +177,7 @@ def test_bert_through_its_torch_mirror(tmp_path, dtype):
                                                        x["token_type_ids"]),
               activations={name: name for name in case.section("act")
                            if name in dict(model.named_modules()) and name != positions})
-    result = compare_files(path, theirs)
+    result = compare_files(path, theirs, allow_missing=True)     # names torch lacks
     assert result.passed, str(result)
     assert (case.arrays["input/labels"] != -100).sum() >= 2
     assert sum(row.comparison.key.startswith("act/") for row in result.rows) > 20

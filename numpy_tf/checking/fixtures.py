@@ -9,7 +9,6 @@ This is what `numpy-tf check` prints and what the fixture tests assert.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.module import Module, Parameter
+from ..core.npz import from_json_array, load_npz
 from ..core.tolerances import Tolerance, torch_tolerance
 from ..interop import from_hf, to_hf, torch_equivalent
 from ..layers.activations import GELU, ReLU, SiLU
@@ -467,9 +467,9 @@ def case_family(kind: str) -> str | None:
 
 def _case_kind(path: Path) -> str | None:
     try:
-        with np.load(path, allow_pickle=False) as arrays:
-            return json.loads(str(arrays["meta"]))["kind"]
-    except Exception:               # unreadable: check_file reports it
+        arrays = load_npz(path, ["meta"])
+        return from_json_array(arrays["meta"], path, "meta", dict).get("kind")
+    except (OSError, ValueError, KeyError):   # unreadable: check_file reports it
         return None
 
 

@@ -53,10 +53,10 @@ from typing import Callable
 import numpy as np
 
 from ..core.module import Module, record_activations
-from ..core.npz import load_npz
 from .case_file import Case
 from ..core.table import format_table
-from .compare import GROUPS, one_sided_lines, search_order, section
+from .compare import (GROUPS, kind_problem, missing_lines, one_sided_lines, read_theirs,
+                      search_order, section)
 from .export import EXPORTS, model_config
 
 SEEDS = 8
@@ -243,14 +243,20 @@ class PrecisionComparison:
     rows: list[BudgetRow] = field(default_factory=list)       # in compare's search order
     only_reference: list[str] = field(default_factory=list)
     only_theirs: list[str] = field(default_factory=list)
+    allow_missing: bool = False
 
     @property
     def first_beyond(self) -> BudgetRow | None:
         return next((row for row in self.rows if not row.within), None)
 
     @property
+    def missing(self) -> list[str]:
+        """The reference's tensors without a counterpart that fail the comparison."""
+        return [] if self.allow_missing else self.only_reference
+
+    @property
     def passed(self) -> bool:
-        return self.first_beyond is None
+        return self.first_beyond is None and not self.missing
 
     def to_dict(self) -> dict:
         first = self.first_beyond
@@ -258,7 +264,8 @@ class PrecisionComparison:
                 "seeds": self.seeds, "factor": self.factor, "passed": self.passed,
                 "first_beyond_budget": None if first is None else first.key,
                 "tensors": [row.to_dict() for row in self.rows],
-                "only_in_reference": self.only_reference, "only_in_theirs": self.only_theirs}
+                "only_in_reference": self.only_reference, "only_in_theirs": self.only_theirs,
+                "allow_missing": self.allow_missing, "missing": self.missing}
 
     def __str__(self) -> str:
         lines = [f"numpy-tf compare --precision {self.format}: {self.reference} (float64 "
@@ -277,7 +284,8 @@ class PrecisionComparison:
         lines += one_sided_lines(self.only_reference, self.only_theirs)
         first = self.first_beyond
         if first is None:
-            lines.append(f"every shared tensor is within what {self.format} rounding explains")
+            lines.append(f"every shared tensor is within what {self.format} rounding explains"
+                         + (", but that is not a pass:" if self.missing else ""))
         else:
             beyond = sum(not row.within for row in self.rows)
             lines.append(f"first beyond the budget: {first.key} (max error {first.max_error:.1e}"
@@ -285,13 +293,17 @@ class PrecisionComparison:
                          f"{first.rms_budget:.1e}): everything before it drifted no more than "
                          f"{self.format} explains, so a bug most likely starts here; {beyond} "
                          f"of {len(self.rows)} tensors are beyond their budget")
+        lines += missing_lines(self.missing, len(self.rows) + len(self.only_reference),
+                               self.only_reference, self.only_theirs)
         return "\n".join(lines)
 
 
 def precision_compare(reference, theirs, precision: str, seeds: int = SEEDS,
-                      factor: float = FACTOR) -> PrecisionComparison:
+                      factor: float = FACTOR, *, allow_missing: bool = False
+                      ) -> PrecisionComparison:
     """Judge the case file `theirs` (an implementation computing in `precision`) against the
-    float64 case `reference` by the measured budget (see the module text)."""
+    float64 case `reference` by the measured budget (see the module text). As in
+    compare_files, a reference tensor theirs lacks fails unless `allow_missing`."""
     if precision not in FORMATS:
         raise ValueError(f"precision must be one of {', '.join(FORMATS)}; got {precision!r}")
     if not isinstance(seeds, int) or seeds < 1:
@@ -300,16 +312,16 @@ def precision_compare(reference, theirs, precision: str, seeds: int = SEEDS,
     if reference_case.meta.get("dtype") != "float64":
         raise ValueError(f"the reference must be a float64 case (numpy-tf export --dtype "
                          f"float64); {reference} is {reference_case.meta.get('dtype')}")
-    their_arrays = load_npz(theirs)
-    their_arrays.pop("meta", None)
+    _, their_arrays = read_theirs(theirs)
     fmt = FORMATS[precision]
     runs = [emulate(reference_case, fmt, seed) for seed in range(seeds)]
     ours = reference_case.arrays
     shared = search_order([key for key in ours if key in their_arrays and
                            section(key) in GROUPS], list(ours))
-    result = PrecisionComparison(str(reference), str(theirs), precision, seeds, factor)
+    result = PrecisionComparison(str(reference), str(theirs), precision, seeds, factor,
+                                 allow_missing=allow_missing)
     for key in shared:
-        if np.shape(their_arrays[key]) != np.shape(ours[key]):
+        if kind_problem(ours[key], their_arrays[key]):                # shape or int vs float
             result.rows.append(BudgetRow(key, np.shape(ours[key]), np.inf, np.inf, 0.0, 0.0,
                                          False))
             continue

@@ -422,8 +422,8 @@ def sample(args) -> int:
                         f"weights ({', '.join(_pretrained_names())})")
     try:
         checkpoint = load_checkpoint(args.checkpoint)
-    except (OSError, ValueError) as error:
-        raise UserError(f"{args.checkpoint}: {error}") from None
+    except (OSError, ValueError) as error:         # each names the file
+        raise UserError(str(error)) from None
     if "tokenizer" not in checkpoint.arrays:
         kind = checkpoint.meta["model"]["kind"]
         if kind == registry.FAMILIES["seq2seq"].kind:
@@ -431,7 +431,10 @@ def sample(args) -> int:
                             "--task reverse-digits); sample continues a text with a decoder")
         raise UserError(f"{args.checkpoint} holds no tokenizer; it was not written by "
                         "numpy-tf train")
-    tokenizer = ByteTokenizer.from_arrays(checkpoint.arrays)
+    try:
+        tokenizer = ByteTokenizer.from_arrays(checkpoint.arrays, args.checkpoint)
+    except ValueError as error:
+        raise UserError(str(error)) from None
     prompt = tokenizer.encode(args.prompt)[None, :]
     if prompt.shape[1] == 0:
         raise UserError("--prompt must not be empty")
@@ -559,9 +562,11 @@ def compare(args) -> int:
     try:
         if args.precision is not None:
             result = precision_compare(args.reference, args.theirs, args.precision,
-                                       SEEDS if args.seeds is None else args.seeds)
+                                       SEEDS if args.seeds is None else args.seeds,
+                                       allow_missing=args.allow_missing)
         else:
-            result = compare_files(args.reference, args.theirs, args.level)
+            result = compare_files(args.reference, args.theirs, args.level,
+                                   allow_missing=args.allow_missing)
     except (OSError, ValueError) as error:
         raise UserError(str(error)) from None
     return _emit(args, result.passed, result.to_dict(), str(result))
@@ -696,6 +701,8 @@ def _tool_parsers(commands) -> None:
                         "REFERENCE must be a float64 case of `numpy-tf export`")
     p.add_argument("--seeds", type=int, default=None, help="runs that measure the --precision "
                    "budget (default 8)")
+    p.add_argument("--allow-missing", action="store_true", help="accept a THEIRS that lacks "
+                   "some of REFERENCE's tensors on purpose (by default each one fails)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=compare)
 

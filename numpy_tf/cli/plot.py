@@ -62,7 +62,7 @@ def _checkpoint_maps(arrays: dict, path: str, prompt: str | None):
     if "tokenizer" not in arrays:
         raise ValueError(f"{path} holds no tokenizer; it was not written by numpy-tf train")
     checkpoint = load_checkpoint(path)
-    tokenizer = ByteTokenizer.from_arrays(arrays)
+    tokenizer = ByteTokenizer.from_arrays(arrays, path)
     ids = tokenizer.encode(prompt)[None, :]
     limit = getattr(checkpoint.model.config, "max_context", None)
     if ids.shape[1] == 0:

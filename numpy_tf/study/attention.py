@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core import validate
-from ..core.npz import load_npz, save_npz
+from ..core.npz import bad_file, load_npy, load_npz, save_npz
 from ..layers.attention import AttentionCache
 from .figure import check_path, finish, new_figure, token_label
 
@@ -50,18 +50,27 @@ def load_attention(path) -> tuple[list[np.ndarray], list[str] | None]:
     layer's (H, T, T) probabilities (what `generate --save-attention FILE.npy` writes)."""
     path = str(path)
     if path.endswith(".npy"):
-        probs = np.load(path, allow_pickle=False)
-        if probs.ndim != 3:
-            raise ValueError(f"{path} must hold one layer's (H, T, T) probabilities; got shape "
-                             f"{probs.shape}")
+        probs = load_npy(path)
+        if probs.ndim != 3 or probs.dtype.kind != "f":
+            raise bad_file(path, "does not hold one layer's attention probabilities",
+                           "a float (H, T, T) array", f"shape {probs.shape} dtype {probs.dtype}")
         return [probs], None
     arrays = load_npz(path)
-    keys = sorted((key for key in arrays if key.startswith("attention/")),
-                  key=lambda key: int(key.split("/")[1]))
+    keys = sorted((key for key in arrays if key.startswith("attention/")
+                   and key.split("/", 1)[1].isdigit()), key=lambda key: int(key.split("/")[1]))
     if not keys or "tokens" not in arrays:
-        raise ValueError(f"{path} holds no attention maps (attention/<i> and tokens arrays, "
-                         "as save_attention writes them)")
-    return [arrays[key] for key in keys], [str(token) for token in arrays["tokens"]]
+        raise bad_file(path, "holds no attention maps", "attention/<i> and tokens arrays, as "
+                       "save_attention writes them", ", ".join(arrays) or "no arrays")
+    maps, tokens = [arrays[key] for key in keys], arrays["tokens"]
+    if tokens.ndim != 1 or tokens.dtype.kind not in "US":
+        raise bad_file(path, "entry 'tokens' is not a list of strings", "a 1-D string array",
+                       f"shape {tokens.shape} dtype {tokens.dtype}")
+    for key, probs in zip(keys, maps):
+        if probs.ndim != 3 or probs.dtype.kind != "f" or probs.shape[-1] != len(tokens):
+            raise bad_file(path, f"entry {key!r} is not an attention map of its "
+                           f"{len(tokens)} tokens", f"a float (H, T, {len(tokens)}) array",
+                           f"shape {probs.shape} dtype {probs.dtype}")
+    return maps, [str(token) for token in tokens]
 
 
 def format_attention(probs: np.ndarray, tokens: list[str], top: int = 3) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.npz import bad_file
 from .figure import check_path, finish, new_figure
 
 GROUP_KINDS = ("grad_norm", "update_norm")
@@ -27,20 +28,27 @@ def read_history(path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise FileNotFoundError(f"no history file at {path} (numpy-tf train --out DIR writes "
                                 "DIR/history.csv)")
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        rows = list(reader)
-        columns = reader.fieldnames or []
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            rows = list(reader)
+            columns = reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise bad_file(path, f"not a CSV text file ({error})") from None
     if "step" not in columns or "loss" not in columns:
-        raise ValueError(f"{path} is not a training history: it has no step and loss columns "
-                         f"(its columns: {', '.join(columns) or 'none'})")
+        raise bad_file(path, "not a training history: it has no step and loss columns",
+                       "step, loss, ...", ", ".join(columns) or "no columns")
     if not rows:
-        raise ValueError(f"{path} holds no steps")
+        raise bad_file(path, "holds no steps", "one row per step", "none")
+    if any(None in row for row in rows):
+        line = next(number for number, row in enumerate(rows, 2) if None in row)
+        raise bad_file(path, f"line {line} has more cells than the header",
+                       f"{len(columns)} cells", "more")
     try:
         return {column: np.array([float(row[column]) if row[column] not in ("", None)
                                   else np.nan for row in rows]) for column in columns}
     except ValueError as error:
-        raise ValueError(f"{path}: a cell is not a number ({error})") from None
+        raise bad_file(path, f"a cell is not a number ({error})") from None
 
 
 def _history(history) -> dict[str, np.ndarray]:

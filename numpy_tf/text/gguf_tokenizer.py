@@ -37,6 +37,7 @@ in both.
 """
 from __future__ import annotations
 
+import numbers
 import unicodedata
 from typing import Sequence
 
@@ -204,6 +205,13 @@ class GGUFTokenizer:
         if data.get("add_bos_token") or data.get("add_eos_token"):
             raise ValueError("the file asks for BOS/EOS to be added to every text, which "
                              "numpy_tf's GGUFTokenizer does not do")
+        for key, kind, name in (("tokens", str, "strings"), ("merges", str, "strings"),
+                                ("token_type", numbers.Integral, "integers")):
+            value = data.get(key, [] if key == "token_type" else None)
+            if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(item, kind) and not isinstance(item, bool) for item in value):
+                raise ValueError(f"tokenizer field {key!r} must be a list of {name}; got "
+                                 f"{str(value)[:80]}")
         return cls(data["tokens"], data["merges"], data.get("token_type"), pre=pre,
                    bos_id=data.get("bos_token_id"), eos_id=data.get("eos_token_id"),
                    pad_id=data.get("padding_token_id"), chat_template=data.get("chat_template"))

@@ -50,7 +50,7 @@ from typing import Sequence
 import numpy as np
 
 from ..core import validate
-from ..core.npz import from_json_array, json_array, load_npz, save_npz
+from ..core.npz import bad_file, from_json_array, json_array, load_npz, save_npz
 from . import bpe
 
 BYTE_VOCAB = 256
@@ -267,17 +267,27 @@ class ByteTokenizer:
         return cls(data.get("special_tokens"), added_tokens=data.get("added_tokens", ()))
 
     @classmethod
-    def from_arrays(cls, arrays) -> "ByteTokenizer":
-        """The tokenizer stored under "tokenizer" in {name: array} (other keys are ignored)."""
+    def from_arrays(cls, arrays, path=None) -> "ByteTokenizer":
+        """The tokenizer stored under "tokenizer" in {name: array} (other keys are ignored).
+        With `path` (the file the arrays came from), malformed tokenizer data is a
+        FileFormatError naming the file."""
         if ARRAY_KEY not in arrays:
-            raise ValueError(f"no {ARRAY_KEY!r} array among {sorted(arrays)}: no tokenizer "
-                             "was saved here")
-        return cls.from_dict(from_json_array(arrays[ARRAY_KEY]))
+            message = f"no {ARRAY_KEY!r} array among {sorted(arrays)}: no tokenizer was saved here"
+            raise ValueError(message) if path is None else bad_file(path, message)
+        data = from_json_array(arrays[ARRAY_KEY], path, ARRAY_KEY, dict)
+        if path is None:
+            return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise bad_file(path, f"entry {ARRAY_KEY!r} is not a tokenizer numpy_tf can "
+                           f"rebuild ({error})") from None
 
     @classmethod
     def load(cls, path) -> "ByteTokenizer":
-        """The tokenizer saved in `path` (by `save`, or inside a model's .npz)."""
-        return cls.from_arrays(load_npz(path))
+        """The tokenizer saved in `path` (by `save`, or inside a model's .npz); a file that is
+        not one is a FileFormatError naming it."""
+        return cls.from_arrays(load_npz(path), path)
 
     def __repr__(self) -> str:
         added = f", added_tokens={list(self.added_tokens)}" if self.added_tokens else ""

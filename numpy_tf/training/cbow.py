@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core import validate
-from ..core.npz import from_json_array, json_array, load_npz, save_npz
+from ..core.npz import bad_file, from_json_array, json_array, load_npz, save_npz
 from ..layers.cross_entropy_loss import cross_entropy
 from ..models.cbow import CBOW
 from ..optim import Adam
@@ -105,20 +105,33 @@ def save_cbow(path, model: CBOW, vocabulary: Vocabulary) -> None:
 
 
 def load_cbow(path) -> tuple[CBOW, Vocabulary]:
-    """The model and vocabulary `save_cbow` wrote; names, shapes and dtypes checked strictly."""
+    """The model and vocabulary `save_cbow` wrote; names, shapes and dtypes checked strictly.
+    A file that is not one is a FileFormatError naming it and what is wrong."""
     arrays = load_npz(path)
-    meta = from_json_array(arrays.pop("meta")) if "meta" in arrays else {}
+    meta = from_json_array(arrays.pop("meta"), path, "meta", dict) if "meta" in arrays else {}
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a CBOW file written by save_cbow (format "
-                         f"{meta.get('format')!r}, expected {FORMAT!r})")
+        raise bad_file(path, "not a CBOW file written by save_cbow", f"meta format {FORMAT!r}",
+                       repr(meta.get("format")))
     state = {key[len("param/"):]: value for key, value in arrays.items()
              if key.startswith("param/")}
     weight = state.get("embeddings.weight")
-    if weight is None or weight.ndim != 2:
-        raise ValueError(f"{path} holds no 2-D param/embeddings.weight")
-    model = CBOW(weight.shape[0], weight.shape[1], dtype=weight.dtype)
-    model.load_state_dict(state)
-    vocabulary = Vocabulary(meta.get("words", []))
+    if weight is None or weight.ndim != 2 or weight.dtype not in (np.float32, np.float64):
+        raise bad_file(path, "holds no usable param/embeddings.weight", "a float (V, D) array",
+                       "none" if weight is None else f"shape {weight.shape} dtype {weight.dtype}")
+    words = meta.get("words")
+    if not isinstance(words, list) or not all(isinstance(word, str) for word in words):
+        raise bad_file(path, "meta['words'] is not a list of words", "a list of strings",
+                       type(words).__name__)
+    try:
+        model = CBOW(weight.shape[0], weight.shape[1], dtype=weight.dtype)
+        model.load_state_dict(state)
+        vocabulary = Vocabulary(words)
+    except (ValueError, TypeError) as error:
+        raise bad_file(path, f"does not hold a CBOW model ({error})") from None
     if len(vocabulary) != model.vocab_size:
-        raise ValueError(f"{path}: {len(vocabulary)} words for {model.vocab_size} rows")
+        raise bad_file(path, "has a word list that does not fit the embedding rows",
+                       f"{model.vocab_size} words", len(vocabulary))
+    if not np.isfinite(weight).all():
+        raise bad_file(path, "param/embeddings.weight holds NaN or infinite values",
+                       "finite weights", f"{int((~np.isfinite(weight)).sum())} non-finite")
     return model, vocabulary

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module
+from ..core.npz import bad_file
 from ..optim import AdamW, clip_grad_norm, decay_groups, grads_finite
 from ..optim.optimizer import Optimizer
 from ..optim.schedule import warmup_cosine
@@ -254,7 +255,7 @@ class Trainer:
                sample_batch: Callable[[np.random.Generator], tuple], **kwargs) -> "Trainer":
         """A Trainer that continues exactly where `checkpoint` stopped: its model, optimizer
         state, step, settings and Generator."""
-        settings = TrainSettings(**checkpoint.meta["settings"])
+        settings = _saved_settings(checkpoint)
         bad = _not_finite(dict(checkpoint.model.named_parameters()))
         if bad:
             raise ValueError(f"the checkpoint's weights of {', '.join(bad[:3])} are not "
@@ -313,3 +314,19 @@ def _duration(seconds: float) -> str:
 
 def _terminal_log(line: str) -> None:
     print(line, file=sys.stdout, flush=True)
+
+
+def _saved_settings(checkpoint: Checkpoint) -> TrainSettings:
+    """The TrainSettings a Trainer saved in `checkpoint`; a checkpoint without them (written by
+    save_checkpoint alone) or with settings this version cannot take is a FileFormatError
+    naming the file."""
+    where = checkpoint.path or "checkpoint"
+    saved = checkpoint.meta.get("settings")
+    if not isinstance(saved, dict):
+        raise bad_file(where, "meta holds no training settings to resume with",
+                       "meta['settings'], as Trainer.save writes it",
+                       type(saved).__name__)
+    try:
+        return TrainSettings(**saved)
+    except (TypeError, ValueError) as error:
+        raise bad_file(where, f"meta['settings'] are not TrainSettings ({error})") from None
