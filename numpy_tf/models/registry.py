@@ -8,7 +8,10 @@ families and presets up here, by one set of names:
     gpt       GPTConfig      GPT          gpt2                     gpt2, gpt2-tiny, tiny-gpt,
                                                                    char-gpt
     llama     LlamaConfig    Llama        llama                    smollm2-135m, llama-2-7b,
-                                                                   llama-tiny
+                                                                   llama-3.2-1b, llama-tiny
+    qwen2     LlamaConfig    Llama        qwen2                    qwen2.5-0.5b, qwen2-tiny
+    qwen3     LlamaConfig    Llama        qwen3                    qwen3-0.6b, qwen3-tiny
+    phi3      LlamaConfig    Llama        phi3                     phi-3-mini-4k, phi3-tiny
     bert      BertConfig     Bert         bert                     bert-base-uncased, bert-tiny
     seq2seq   Seq2SeqConfig  Seq2Seq      - (torch.nn.Transformer) seq2seq-tiny, seq2seq-digits,
                                                                    transformer-base
@@ -63,8 +66,10 @@ from typing import Any, Callable, Mapping
 from ..text.tokenizers import ByteTokenizer
 from .accounting import (TORCH_TRANSFORMER, bert_hf_config, count_bert, count_bert_hf,
                          count_gpt, count_gpt2_hf, count_llama, count_llama_hf,
-                         count_seq2seq, count_torch_transformer, gpt2_hf_config,
-                         llama_hf_config, torch_transformer_config)
+                         count_phi3_hf, count_qwen2_hf, count_qwen3_hf, count_seq2seq,
+                         count_torch_transformer, gpt2_hf_config, llama_hf_config,
+                         phi3_hf_config, qwen2_hf_config, qwen3_hf_config,
+                         torch_transformer_config)
 from .bert import Bert, BertConfig
 from .cbow import CBOW
 from .encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
@@ -326,6 +331,17 @@ register_family(Family(
     torch_modules=(TORCH_TRANSFORMER,), count_torch=count_torch_transformer,
     torch_config=torch_transformer_config))
 register_family(Family("cbow", "CBOW word vectors (word2vec's continuous bag of words)", CBOW))
+# the Llama-shaped Hugging Face families: numpy_tf's Llama with the options each one sets
+for _name, _summary, _count_hf, _hf_config in [
+        ("qwen2", "Qwen2: Llama with q, k and v biases (o_proj without)", count_qwen2_hf,
+         qwen2_hf_config),
+        ("qwen3", "Qwen3: Llama with an RMSNorm per query and key head before RoPE",
+         count_qwen3_hf, qwen3_hf_config),
+        ("phi3", "Phi-3: Llama with fused qkv_proj and gate_up_proj checkpoints", count_phi3_hf,
+         phi3_hf_config)]:
+    register_family(Family(_name, _summary, Llama, LlamaConfig, NextTokenLoss,
+                           hf_model_types=(_name,), count=count_llama, count_hf=_count_hf,
+                           hf_config=_hf_config))
 
 for _preset in [
     Preset("gpt2", "gpt", GPTConfig.gpt2(), "GPT-2 124M (Hugging Face gpt2)",
@@ -342,8 +358,23 @@ for _preset in [
            "(HuggingFaceTB/SmolLM2-135M)", aliases=("smollm2",), hf=True),
     Preset("llama-2-7b", "llama", LlamaConfig.llama2_7b(), "Llama-2-7B's shape "
            "(meta-llama/Llama-2-7b-hf)", hf=True),
+    Preset("llama-3.2-1b", "llama", LlamaConfig.llama3_2_1b(), "Llama-3.2-1B's shape, with "
+           "its llama3 RoPE scaling (meta-llama/Llama-3.2-1B)", hf=True),
     Preset("llama-tiny", "llama", LlamaConfig(num_key_value_heads=2),
            "a toy Llama with two key/value heads for four query heads"),
+    Preset("qwen2.5-0.5b", "qwen2", LlamaConfig.qwen2_5_0_5b(), "Qwen2.5-0.5B's shape "
+           "(Qwen/Qwen2.5-0.5B)", hf=True),
+    Preset("qwen2-tiny", "qwen2", LlamaConfig(num_key_value_heads=2, attention_bias=True,
+                                              attention_output_bias=False),
+           "a toy Qwen2: q, k and v biases, two key/value heads for four query heads"),
+    Preset("qwen3-0.6b", "qwen3", LlamaConfig.qwen3_0_6b(), "Qwen3-0.6B's shape "
+           "(Qwen/Qwen3-0.6B)", hf=True),
+    Preset("qwen3-tiny", "qwen3", LlamaConfig(num_key_value_heads=2, head_dim=6, qk_norm=True),
+           "a toy Qwen3: q_norm and k_norm, head_dim 6 for hidden 16 and 4 heads"),
+    Preset("phi-3-mini-4k", "phi3", LlamaConfig.phi3_mini_4k(), "Phi-3-mini-4k's shape "
+           "(microsoft/Phi-3-mini-4k-instruct)", hf=True),
+    Preset("phi3-tiny", "phi3", LlamaConfig(num_key_value_heads=2, rms_norm_eps=1e-5),
+           "a toy Phi-3 (its checkpoints fuse qkv_proj and gate_up_proj)"),
     Preset("bert-base-uncased", "bert", BertConfig(
         vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
         intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2),
