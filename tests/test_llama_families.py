@@ -190,6 +190,26 @@ def test_dynamic_rope_follows_the_length_of_the_call():
                                atol=1e-12)
 
 
+@pytest.mark.parametrize("changes", [{"qk_norm": True, "head_dim": 6},
+                                     {"attention_bias": True, "attention_output_bias": False},
+                                     *({"rope_scaling": s} for s in SCALINGS
+                                       if s.rope_type != "dynamic")],
+                         ids=["qk_norm", "qkv_bias", "linear", "llama3", "yarn", "yarn_mscale"])
+def test_cached_decoding_step_by_step_equals_the_full_forward(changes):
+    """The KV cache holds keys after k_norm and the (scaled) rotation: decoding one token at a
+    time gives the full forward's logits."""
+    config = LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, rope_theta=100.0,
+                         initializer_range=0.3, **changes)
+    model = Llama(config, rng=7)
+    ids = np.random.default_rng(8).integers(0, 20, (2, 7))
+    full, _ = model.forward(ids)
+    _, cache = model.forward(ids[:, :3])
+    for t in range(3, 7):
+        step, cache = model.forward(ids[:, t:t + 1], past_kv=cache.present)
+        np.testing.assert_allclose(step[:, 0], full[:, t], rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("preset", ["qwen2-tiny", "qwen3-tiny", "phi3-tiny"])
 def test_tiny_presets_by_finite_differences(preset):
     from numpy_tf.models import registry
