@@ -22,5 +22,6 @@ from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequenci
                         sinusoidal_positions_backward, sinusoidal_positions_forward,
                         sinusoidal_table)
 from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_rotate, rope_tables
+from .rope_scaling import RopeScaling, scaled_inverse_frequencies
 from .softmax import (LogSoftmax, Softmax, log_softmax_backward, log_softmax_forward,
                       softmax_backward, softmax_forward)
