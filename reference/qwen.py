@@ -1,9 +1,9 @@
 """Fixtures for the Llama-shaped Hugging Face families numpy_tf reads as options of its Llama:
 Qwen2ForCausalLM (q, k, v biases, o_proj without), Qwen3ForCausalLM (q_norm / k_norm per head
 before RoPE, head_dim free of hidden / heads), Phi3ForCausalLM (fused qkv_proj and
-gate_up_proj), and LlamaForCausalLM with each scaled RoPE (rope_type linear, dynamic, llama3,
-yarn), all built offline from small configs with random weights (never downloaded). Each case
-holds the logits, the mean next-token cross-entropy and every parameter gradient of that loss.
+gate_up_proj), LlamaForCausalLM with each scaled RoPE (rope_type linear, dynamic, llama3,
+yarn) and Phi-3 with longrope, all built offline from small configs with random weights
+(never downloaded). Each case holds the logits, the mean next-token cross-entropy and every parameter gradient of that loss.
 
 float32 cases run HF's models exactly as they ship. float64 cases run under the same patches
 as llama.py's (listed in each case's meta), applied to each family's own classes: its RMSNorm
@@ -15,8 +15,9 @@ largest position (HF's value for a freshly built model, which every case is). bu
 that the patches change no bit of HF's float32 logits, and that scaled_inv_freq rounded to
 float32 is HF's own float32 inv_freq (to 2 ulps).
 
-The dynamic and yarn cases run 11 tokens past a max_position_embeddings (dynamic) or
-original_max_position_embeddings (yarn) of 8, so the scaling acts.
+The dynamic, yarn and long longrope cases run 11 tokens past a max_position_embeddings
+(dynamic) or original_max_position_embeddings (yarn, longrope) of 8, so the scaling acts;
+the short longrope case runs 7, within it (the short factors).
 """
 from __future__ import annotations
 
@@ -56,6 +57,21 @@ CASES = [
                                               "rms_norm_eps": 1e-5}, True, 9),
     ("phi3_mha", 114, "phi3", {"num_key_value_heads": 4, "pad_token_id": 0}, False, 9),
     ("phi3_gqa_padded", 115, "phi3", {"num_key_value_heads": 2, "pad_token_id": 0}, True, 9),
+    ("phi3_longrope_long", 121, "phi3", {"num_key_value_heads": 2, "num_attention_heads": 2,
+                                         "pad_token_id": 0, "max_position_embeddings": 32,
+                                         "original_max_position_embeddings": 8,
+                                         "rope_scaling": {"type": "longrope",
+                                                          "short_factor": [1.0, 1.1, 1.3, 1.7],
+                                                          "long_factor": [1.0, 2.0, 3.5, 5.0]}},
+     True, 11),
+    ("phi3_longrope_short", 122, "phi3", {"num_key_value_heads": 1, "num_attention_heads": 2,
+                                          "pad_token_id": 0, "max_position_embeddings": 32,
+                                          "original_max_position_embeddings": 8,
+                                          "rope_scaling": {"type": "longrope",
+                                                           "short_factor": [1.0, 1.1, 1.3, 1.7],
+                                                           "long_factor": [1.0, 2.0, 3.5, 5.0],
+                                                           "attention_factor": 1.25}},
+     False, 7),
     ("llama_rope_linear", 116, "llama", {"num_key_value_heads": 2, "rope_parameters": {
         "rope_type": "linear", "factor": 2.5, "rope_theta": 10000.0}}, False, 9),
     ("llama_rope_dynamic", 117, "llama", {"num_key_value_heads": 2, "num_attention_heads": 2,
@@ -103,7 +119,7 @@ def scaled_inv_freq(config, head_dim: int, dtype, length: int) -> tuple[torch.Te
     inv_freq = 1.0 / (base ** exponents)
     if kind == "default":
         return inv_freq, 1.0
-    factor = parameters["factor"]
+    factor = parameters.get("factor")
     if kind == "linear":
         return inv_freq / factor, 1.0
     if kind == "dynamic":
@@ -121,6 +137,16 @@ def scaled_inv_freq(config, head_dim: int, dtype, length: int) -> tuple[torch.Te
         smoothed = (1 - smooth) * stretched / factor + smooth * stretched
         medium = ~(wavelength < context / high) * ~(wavelength > context / low)
         return torch.where(medium, smoothed, stretched), 1.0
+    if kind == "longrope":
+        original = getattr(config, "original_max_position_embeddings", None) or context
+        if factor is None:
+            factor = config.max_position_embeddings / original
+        attention = parameters.get("attention_factor")
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else \
+                math.sqrt(1 + math.log(factor) / math.log(original))
+        factors = parameters["long_factor"] if length > original else parameters["short_factor"]
+        return 1.0 / (torch.tensor(factors, dtype=dtype) * base ** exponents), attention
     if kind == "yarn":
         def mscale(scale, m=1.0):
             return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0

@@ -283,8 +283,8 @@ def test_older_configs_and_buffers_are_read():
 @pytest.mark.parametrize("changes, message", [
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
      "rope_type 'llama3' needs low_freq_factor in rope_parameters"),
-    ({"rope_scaling": {"type": "longrope", "factor": 2.0}},
-     "rope_type 'longrope' is not implemented"),
+    ({"rope_scaling": {"type": "proportional", "factor": 2.0}},
+     "rope_type 'proportional' is not implemented"),
     ({"rope_theta": 123.0}, r"rope_theta \(123.0\) and rope_parameters' rope_theta \(500.0\)"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not implemented"),
     ({"pretraining_tp": 2}, "pretraining_tp=2 is not implemented"),

@@ -22,7 +22,7 @@ from numpy_tf.models.objectives import NextTokenLoss
 FIXTURES = ["qwen2_gqa", "qwen2_mha_tied_padded", "qwen3_gqa_head_dim",
             "qwen3_bias_tied_padded", "phi3_mha", "phi3_gqa_padded", "llama_rope_linear",
             "llama_rope_dynamic", "llama_rope_llama3", "llama_rope_yarn",
-            "llama_rope_yarn_mscale"]
+            "llama_rope_yarn_mscale", "phi3_longrope_long", "phi3_longrope_short"]
 
 SCALINGS = [
     RopeScaling("linear", 2.5),
@@ -30,6 +30,8 @@ SCALINGS = [
     RopeScaling("llama3", 8.0, 64, low_freq_factor=1.0, high_freq_factor=4.0),
     RopeScaling("yarn", 4.0, 8, beta_fast=4.0, beta_slow=0.5, truncate=False),
     RopeScaling("yarn", 4.0, 8, mscale=2.0, mscale_all_dim=1.0),
+    RopeScaling("longrope", 4.0, 8, short_factor=[1.0, 1.1, 1.3, 1.7],
+                long_factor=[1.0, 2.0, 3.5, 5.0]),
 ]
 
 
@@ -158,6 +160,13 @@ def test_scaled_frequencies_worked_values():
     _, factor = scaled_inverse_frequencies(8, 100.0, SCALINGS[4], np.float64)
     assert factor == pytest.approx((0.2 * math.log(4) + 1) / (0.1 * math.log(4) + 1),
                                    rel=1e-15)
+    # longrope: 1 / (f_i base^(2i/D)), the short f within M = 8 positions, the long beyond;
+    # attention factor sqrt(1 + ln 4 / ln 8)
+    short, factor = scaled_inverse_frequencies(8, 10000.0, SCALINGS[5], np.float64, length=8)
+    np.testing.assert_allclose(short, plain / [1.0, 1.1, 1.3, 1.7], rtol=1e-15)
+    assert factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(8)), rel=1e-15)
+    long, _ = scaled_inverse_frequencies(8, 10000.0, SCALINGS[5], np.float64, length=9)
+    np.testing.assert_allclose(long, plain / [1.0, 2.0, 3.5, 5.0], rtol=1e-15)
 
 
 def test_yarn_multiplies_both_tables_by_its_attention_factor():
@@ -192,9 +201,10 @@ def test_dynamic_rope_follows_the_length_of_the_call():
 
 @pytest.mark.parametrize("changes", [{"qk_norm": True, "head_dim": 6},
                                      {"attention_bias": True, "attention_output_bias": False},
-                                     *({"rope_scaling": s} for s in SCALINGS
+                                     *({"rope_scaling": s, "head_dim": 8} for s in SCALINGS
                                        if s.rope_type != "dynamic")],
-                         ids=["qk_norm", "qkv_bias", "linear", "llama3", "yarn", "yarn_mscale"])
+                         ids=["qk_norm", "qkv_bias", "linear", "llama3", "yarn", "yarn_mscale",
+                              "longrope"])
 def test_cached_decoding_step_by_step_equals_the_full_forward(changes):
     """The KV cache holds keys after k_norm and the (scaled) rotation: decoding one token at a
     time gives the full forward's logits."""
@@ -228,9 +238,15 @@ def test_tiny_presets_by_finite_differences(preset):
      r"layer_types \['sliding_attention'\] are not implemented"),
     ("phi3_mha_float64", {"sliding_window": 2047},
      "sliding_window=2047 is not implemented for phi3"),
-    ("phi3_mha_float64", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4,
-                                              "short_factor": [1.0], "long_factor": [1.0]}},
-     "rope_type 'longrope' is not implemented"),
+    ("phi3_mha_float64", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}},
+     "rope_type 'proportional' is not implemented"),
+    ("phi3_longrope_long_float64", {"rope_scaling": {"type": "longrope",
+                                                     "short_factor": [1.0, 1.1],
+                                                     "long_factor": [1.0, 2.0]}},
+     r"short_factor and long_factor must hold head_dim / 2 = 4 factors .*; got 2"),
+    ("phi3_longrope_long_float64", {"rope_scaling": {"type": "longrope",
+                                                     "short_factor": [1.0, 1.1, 1.3, 1.7]}},
+     "rope_type 'longrope' needs long_factor"),
     ("phi3_mha_float64", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                               "partial_rotary_factor": 0.5}},
      "partial_rotary_factor=0.5 is not implemented"),
@@ -269,10 +285,19 @@ def test_phi3_fused_shape_is_checked_by_name():
 
 
 def test_bad_scaling_options():
-    with pytest.raises(ValueError, match="rope_type must be one of linear, dynamic, llama3, yarn"):
-        RopeScaling("longrope", 2.0)
+    with pytest.raises(ValueError, match="rope_type must be one of linear, dynamic, llama3, "
+                                         "yarn, longrope"):
+        RopeScaling("proportional", 2.0)
     with pytest.raises(ValueError, match="original_max_position_embeddings must be a positive"):
         RopeScaling("yarn", 2.0)
+    with pytest.raises(ValueError, match="short_factor and long_factor must have the same "
+                                         "length; got 2 and 1"):
+        RopeScaling("longrope", 2.0, 8, short_factor=[1, 2], long_factor=[1])
+    with pytest.raises(ValueError, match="long_factor must be a list of positive numbers"):
+        RopeScaling("longrope", 2.0, 8, short_factor=[1, 2], long_factor=[1, -2])
+    with pytest.raises(ValueError, match=r"rope_scaling's short_factor and long_factor must hold "
+                                         r"head_dim / 2 = 2 factors .*; got 4"):
+        LlamaConfig(rope_scaling=SCALINGS[5])
     with pytest.raises(ValueError, match="rope_scaling needs rope=True"):
         MultiHeadAttention(8, 2, rope_scaling=RopeScaling("linear", 2.0))
     with pytest.raises(TypeError, match="rope_scaling must be None, a RopeScaling"):

@@ -17,7 +17,8 @@ gradients too. Every family's RoPE is read by interop/hf_rope.py (scaled RoPE in
 
 Refused by name: a hidden_act other than silu, pretraining_tp > 1, sliding-window attention
 (Qwen2 / Qwen3 use_sliding_window=True or a "sliding_attention" layer type, a Phi-3 or
-Llama sliding_window), Phi-3's longrope and partial rotary. Dropout that acts only in training
+Llama sliding_window), partial rotary. Phi-3's longrope (128k context) is read as a scaled
+RoPE. Dropout that acts only in training
 (Phi-3's resid_pdrop, embd_pdrop) is not carried over: numpy_tf's model is HF's in eval mode;
 attention_dropout is.
 """

@@ -5,13 +5,14 @@ transformers 5 writes one `rope_parameters` dict (rope_type, rope_theta, factor,
 config.json files hold `rope_theta` at the top and `rope_scaling` (rope_type, or its older
 name `type`, factor, ...). Both are read; a non-empty rope_scaling is the one HF uses, and a
 top-level rope_theta must agree with the table's. rope_type
-default, linear, dynamic, llama3 and yarn are implemented; every other type (longrope, ...),
+default, linear, dynamic, llama3, yarn and longrope are implemented; every other type,
 a partial_rotary_factor other than 1 and per-layer-type RoPE are refused by name.
+longrope (Phi-3 128k) is read too.
 
-The context lengths each type reads are HF's: llama3 and yarn take
+The context lengths each type reads are HF's: llama3, yarn and longrope take
 original_max_position_embeddings from the rope parameters (a Phi-3 config's own top-level
 field first, as HF standardises it; max_position_embeddings when neither has it), dynamic
-takes the config's max_position_embeddings, and yarn without a factor takes
+takes the config's max_position_embeddings, and yarn and longrope without a factor take
 max_position_embeddings / original_max_position_embeddings.
 """
 from __future__ import annotations
@@ -63,7 +64,7 @@ def read_rope(config: Mapping) -> tuple[float, RopeScaling | None]:
     factor = merged.get("factor")
     if rope_type == "dynamic":
         original = max_positions
-    if rope_type == "yarn" and factor is None:
+    if rope_type in ("yarn", "longrope") and factor is None:
         factor = max_positions / original
     if factor is None:
         raise ValueError(f"rope_type {rope_type!r} needs a factor in rope_parameters")
@@ -80,6 +81,12 @@ def read_rope(config: Mapping) -> tuple[float, RopeScaling | None]:
                       attention_factor=merged.get("attention_factor"),
                       mscale=merged.get("mscale"), mscale_all_dim=merged.get("mscale_all_dim"),
                       truncate=bool(merged.get("truncate", True)))
+    if rope_type == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if not merged.get(key):
+                raise ValueError(f"rope_type 'longrope' needs {key} in rope_parameters")
+        fields.update(short_factor=merged["short_factor"], long_factor=merged["long_factor"],
+                      attention_factor=merged.get("attention_factor"))
     return theta, RopeScaling(**fields)
 
 

@@ -1,5 +1,6 @@
 """Scaled RoPE: the frequency tables that stretch a model's context (HF's rope_type linear,
-dynamic, llama3 and yarn), each computed as Hugging Face's rope initialisation computes it.
+dynamic, llama3, yarn and longrope), each computed as Hugging Face's rope initialisation
+computes it.
 
 Shapes: D head_dim (even), omega (D/2,) the inverse frequencies, base the RoPE theta.
 Unscaled, omega_i = base^(-2i/D) (numpy_tf.layers.positions.inverse_frequencies). Each type
@@ -33,6 +34,10 @@ The scores q.k see m^2: yarn's "attention temperature".
   [0, D - 1]); omega_i = (omega_i / factor) r_i + omega_i (1 - r_i), and
   m = attention_factor, by default 0.1 ln(factor) + 1 (1 for factor <= 1), or
   mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are given.
+- longrope (Phi-3 128k, Phi-3.5): one rescale factor per pair, the long ones when the call's
+  largest position + 1 exceeds M, else the short ones: omega_i = 1 / (f_i base^(2i/D)); and
+  m = attention_factor, by default sqrt(1 + ln(factor) / ln(M)) (1 for factor <= 1). HF picks
+  the set from each call's positions too (stateless, unlike dynamic).
 
 Every table is computed with HF's operations in the working dtype (HF itself builds them in
 float32: a float32 model matches, a float64 model is exact where HF's is rounded to float32).
@@ -47,14 +52,15 @@ import numpy as np
 from ..core import validate
 from .positions import inverse_frequencies
 
-ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
+ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
     """One scaled-RoPE rule (HF's rope_parameters with a rope_type other than default).
-    original_max_position_embeddings is the context the model was trained with: llama3's and
-    yarn's old context, and dynamic's threshold (HF's max_position_embeddings there)."""
+    original_max_position_embeddings is the context the model was trained with: llama3's,
+    yarn's and longrope's old context, and dynamic's threshold (HF's max_position_embeddings
+    there)."""
     rope_type: str
     factor: float
     original_max_position_embeddings: int | None = None
@@ -62,17 +68,22 @@ class RopeScaling:
     high_freq_factor: float | None = None       # llama3
     beta_fast: float = 32.0                     # yarn
     beta_slow: float = 1.0                      # yarn
-    attention_factor: float | None = None       # yarn; None: from factor (and mscale)
+    attention_factor: float | None = None       # yarn, longrope; None: from factor (and mscale)
     mscale: float | None = None                 # yarn
     mscale_all_dim: float | None = None         # yarn
     truncate: bool = True                       # yarn: floor / ceil the ramp's bounds
+    short_factor: tuple[float, ...] | None = None   # longrope: D/2 factors within M positions
+    long_factor: tuple[float, ...] | None = None    # longrope: D/2 factors beyond
 
     def __post_init__(self):
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {', '.join(ROPE_TYPES)}; got "
                              f"{self.rope_type!r}")
         validate.positive_float("factor", self.factor)
-        if self.rope_type in ("dynamic", "llama3", "yarn"):
+        for name in ("short_factor", "long_factor"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(float(f) for f in getattr(self, name)))
+        if self.rope_type in ("dynamic", "llama3", "yarn", "longrope"):
             validate.positive_int("original_max_position_embeddings",
                                   self.original_max_position_embeddings)
         if self.rope_type == "llama3":
@@ -81,11 +92,20 @@ class RopeScaling:
             if not high > low:
                 raise ValueError(f"high_freq_factor ({high}) must be greater than "
                                  f"low_freq_factor ({low}) for rope_type 'llama3'")
+        if self.rope_type == "longrope":
+            for name in ("short_factor", "long_factor"):
+                factors = getattr(self, name)
+                if not factors or not all(math.isfinite(f) and f > 0 for f in factors):
+                    raise ValueError(f"{name} must be a list of positive numbers (one per "
+                                     f"rotated pair) for rope_type 'longrope'; got {factors!r}")
+            if len(self.short_factor) != len(self.long_factor):
+                raise ValueError(f"short_factor and long_factor must have the same length; got "
+                                 f"{len(self.short_factor)} and {len(self.long_factor)}")
+        if self.rope_type in ("yarn", "longrope") and self.attention_factor is not None:
+            validate.positive_float("attention_factor", self.attention_factor)
         if self.rope_type == "yarn":
             validate.positive_float("beta_fast", self.beta_fast)
             validate.positive_float("beta_slow", self.beta_slow)
-            if self.attention_factor is not None:
-                validate.positive_float("attention_factor", self.attention_factor)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -131,6 +151,8 @@ def scaled_inverse_frequencies(head_dim: int, base: float, scaling: RopeScaling 
         return inverse_frequencies(head_dim, base, dtype), 1.0
     if kind == "llama3":
         return _llama3(inverse_frequencies(head_dim, base, dtype), scaling, context), 1.0
+    if kind == "longrope":
+        return _longrope(head_dim, base, scaling, context, dtype, length)
     return _yarn(head_dim, base, scaling, context, dtype), yarn_attention_factor(scaling)
 
 
@@ -143,6 +165,28 @@ def _llama3(omega: np.ndarray, scaling: RopeScaling, context: int) -> np.ndarray
     smoothed = (1 - smooth) * stretched / factor + smooth * stretched
     medium = ~(wavelength < high_freq_wavelength) & ~(wavelength > low_freq_wavelength)
     return np.where(medium, smoothed, stretched)
+
+
+def check_rope_scaling(scaling: RopeScaling, head_dim: int) -> None:
+    """What a rule needs of the head it rotates: longrope one factor per pair."""
+    if scaling.rope_type == "longrope" and len(scaling.short_factor) != head_dim // 2:
+        raise ValueError(f"rope_scaling's short_factor and long_factor must hold head_dim / 2 = "
+                         f"{head_dim // 2} factors (one per rotated pair); got "
+                         f"{len(scaling.short_factor)}")
+
+
+def _longrope(head_dim: int, base: float, scaling: RopeScaling, context: int, dtype,
+              length: int) -> tuple[np.ndarray, float]:
+    check_rope_scaling(scaling, head_dim)
+    factors = scaling.long_factor if length > context else scaling.short_factor
+    if scaling.attention_factor is not None:
+        attention = float(scaling.attention_factor)
+    else:
+        attention = 1.0 if scaling.factor <= 1 else \
+            math.sqrt(1 + math.log(scaling.factor) / math.log(context))
+    exponents = np.arange(0, head_dim, 2, dtype=dtype) / head_dim           # (D/2,)
+    powers = (base ** exponents.astype(np.float64)).astype(dtype)           # base^(2i/D)
+    return 1.0 / (np.asarray(factors, dtype=dtype) * powers), attention
 
 
 def _yarn(head_dim: int, base: float, scaling: RopeScaling, context: int,

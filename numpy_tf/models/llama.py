@@ -15,10 +15,10 @@ The options of the config cover the Llama-shaped families of Hugging Face:
   attention_output_bias=False keeps o_proj without one (Qwen2: q, k and v biases only);
 - qk_norm: q_norm and k_norm, RMSNorms (weight (d,), eps rms_norm_eps) over each query and
   key head, after the projection and before RoPE (Qwen3), with head_dim free of C / H;
-- rope_scaling: a scaled RoPE, rope_type linear, dynamic, llama3 or yarn
-  (numpy_tf.layers.rope_scaling: Llama 3.1's context, YaRN, NTK);
+- rope_scaling: a scaled RoPE, rope_type linear, dynamic, llama3, yarn or longrope
+  (numpy_tf.layers.rope_scaling: Llama 3.1's context, YaRN, NTK, Phi-3 128k);
 - Phi-3 is this model too: its fused qkv_proj and gate_up_proj are split into q/k/v_proj and
-  gate/up_proj by numpy_tf.interop (numpy_tf.interop.hf_qwen), bit for bit both ways.
+  gate/up_proj by numpy_tf.interop (numpy_tf.interop.hf_llama), bit for bit both ways.
 
 Parameter names are HF's with the `model.` prefix dropped: embed_tokens.weight,
 layers.0.self_attn.q_proj.weight, ..., layers.0.mlp.gate_proj.weight, ...,
@@ -44,7 +44,7 @@ from ..layers.linear import Linear, LinearCache
 from ..layers.mlp import SwiGLU, SwiGLUCache
 from ..layers.multihead import AttentionLayerCache, MultiHeadAttention
 from ..layers.norm import RMSNorm, RMSNormCache
-from ..layers.rope_scaling import RopeScaling, as_rope_scaling
+from ..layers.rope_scaling import RopeScaling, as_rope_scaling, check_rope_scaling
 from .accounting import count_llama
 from .resize import check_new_size, normal, resize_embedding, resize_head
 
@@ -73,7 +73,7 @@ class LlamaConfig:
     initializer_range: float = 0.02
     attention_output_bias: bool | None = None   # None: attention_bias (Qwen2: False)
     qk_norm: bool = False                       # Qwen3's q_norm / k_norm per head
-    rope_scaling: RopeScaling | None = None     # linear, dynamic, llama3 or yarn
+    rope_scaling: RopeScaling | None = None     # linear, dynamic, llama3, yarn, longrope
 
     def __post_init__(self):
         object.__setattr__(self, "rope_scaling", as_rope_scaling(self.rope_scaling))
@@ -91,6 +91,8 @@ class LlamaConfig:
                              f"num_attention_heads ({heads}), or give head_dim")
         validate.even_positive_int("head_dim", self.head_width, "RoPE rotates pairs of "
                                    "features")
+        if self.rope_scaling is not None:
+            check_rope_scaling(self.rope_scaling, self.head_width)
         validate.positive_float("rms_norm_eps", self.rms_norm_eps)
         validate.positive_float("rope_theta", self.rope_theta)
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
