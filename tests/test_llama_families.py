@@ -69,6 +69,20 @@ def test_each_family_reads_into_its_options():
     assert dynamic.rope_scaling.original_max_position_embeddings == 8   # HF's max positions
 
 
+@pytest.mark.parametrize("preset", ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "llama-3.2-1b",
+                                    "qwen2.5-0.5b", "qwen3-0.6b", "phi-3-mini-4k"])
+def test_a_preset_is_read_back_from_its_hf_config(preset):
+    """The registry's hf_config writes the family's config.json (rope_parameters included),
+    and from_hf's reader gives the same LlamaConfig back."""
+    from numpy_tf.models import registry
+
+    found = registry.PRESETS[preset]
+    hf_config = registry.FAMILIES[found.family].hf_config(found.config)
+    assert hf_config["model_type"] == found.family
+    assert interop.config_from_hf(hf_config) == replace(found.config,
+                                                        head_dim=found.config.head_width)
+
+
 def test_phi3_fused_weights_are_split_and_joined_by_rows():
     """qkv_proj = [q_proj; k_proj; v_proj] (H d, G d, G d rows), gate_up_proj = [gate; up]."""
     config, state, _ = _case("phi3_gqa_padded_float64")
@@ -232,8 +246,10 @@ def test_tiny_presets_by_finite_differences(preset):
 
 # -- refusals -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, changes, message", [
-    ("qwen2_gqa_float64", {"use_sliding_window": True, "sliding_window": 4},
-     "use_sliding_window=True is not implemented for qwen2"),
+    ("qwen2_gqa_float64", {"use_sliding_window": True, "sliding_window": 4, "layer_types": None,
+                           "max_window_layers": 1},
+     r"layer_types \['sliding_attention'\] are not implemented .*use_sliding_window=True with "
+     "max_window_layers=1"),
     ("qwen3_gqa_head_dim_float64", {"layer_types": ["full_attention", "sliding_attention"]},
      r"layer_types \['sliding_attention'\] are not implemented"),
     ("phi3_mha_float64", {"sliding_window": 2047},
@@ -269,6 +285,18 @@ def test_unsupported_configs_are_refused(name, changes, message):
     config, state, _ = _case(name)
     with pytest.raises(ValueError, match=message):
         interop.from_hf(dict(config, **changes), state)
+
+
+def test_qwen_sliding_window_from_max_window_layers_on_is_read_as_hf_builds_it():
+    """use_sliding_window=True slides only the layers from max_window_layers on: with none
+    there, HF's model attends fully, and so does numpy_tf's."""
+    config, state, _ = _case("qwen2_gqa_float64")
+    full = interop.from_hf(config, state)
+    windowed = dict(config, use_sliding_window=True, sliding_window=4, max_window_layers=2,
+                    layer_types=None)
+    model = interop.from_hf(windowed, state)
+    ids = np.random.default_rng(3).integers(0, 32, (1, 9))
+    np.testing.assert_array_equal(model.forward(ids)[0], full.forward(ids)[0])
 
 
 def test_phi3_fused_shape_is_checked_by_name():

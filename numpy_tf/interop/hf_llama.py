@@ -16,8 +16,8 @@ G d rows; gate_up_proj: I and I, as HF's forward slices and chunks them) and joi
 gradients too. Every family's RoPE is read by interop/hf_rope.py (scaled RoPE included).
 
 Refused by name: a hidden_act other than silu, pretraining_tp > 1, sliding-window attention
-(Qwen2 / Qwen3 use_sliding_window=True or a "sliding_attention" layer type, a Phi-3 or
-Llama sliding_window), partial rotary. Phi-3's longrope (128k context) is read as a scaled
+(a Qwen2 / Qwen3 layer of type "sliding_attention": use_sliding_window=True makes the layers
+from max_window_layers on sliding; a Phi-3 or Llama sliding_window), partial rotary. Phi-3's longrope (128k context) is read as a scaled
 RoPE. Dropout that acts only in training
 (Phi-3's resid_pdrop, embd_pdrop) is not carried over: numpy_tf's model is HF's in eval mode;
 attention_dropout is.
@@ -38,18 +38,21 @@ def _refuse_common(config: Mapping, model_type: str) -> None:
     if (config.get("pretraining_tp") or 1) != 1:
         raise ValueError(f"pretraining_tp={config['pretraining_tp']!r} is not implemented "
                          "(numpy_tf needs pretraining_tp=1: the exact, unsliced projections)")
-    if config.get("use_sliding_window"):
-        raise ValueError(f"use_sliding_window={config['use_sliding_window']!r} is not "
-                         f"implemented for {model_type} (numpy_tf's Llama attends to every "
-                         "earlier position)")
     if "use_sliding_window" not in config and config.get("sliding_window"):
         raise ValueError(f"sliding_window={config['sliding_window']!r} is not implemented for "
                          f"{model_type} (numpy_tf's Llama attends to every earlier position)")
-    layer_types = config.get("layer_types") or []
-    other = sorted(set(layer_types) - {"full_attention"})
+    layer_types = config.get("layer_types")
+    if layer_types is None and config.get("use_sliding_window") and \
+            config.get("sliding_window") is not None:     # HF's rule when it is left out
+        first = config.get("max_window_layers", 28)
+        layer_types = ["sliding_attention" if i >= first else "full_attention"
+                       for i in range(config["num_hidden_layers"])]
+    other = sorted(set(layer_types or []) - {"full_attention"})
     if other:
         raise ValueError(f"layer_types {other} are not implemented (numpy_tf's Llama has "
-                         "full_attention layers only)")
+                         "full_attention layers only: sliding-window attention, "
+                         f"use_sliding_window={config.get('use_sliding_window')!r} with "
+                         f"max_window_layers={config.get('max_window_layers')!r}, is not)")
 
 
 def _llama_like(config: Mapping, model_type: str, **fields) -> LlamaConfig:
