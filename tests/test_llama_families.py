@@ -382,3 +382,40 @@ def test_preset_totals_equal_hf_models_on_the_meta_device(preset, total):
         found.config.num_parameters()
     read = interop.config_from_hf(config.to_dict())     # head_dim given explicitly
     assert read == replace(found.config, head_dim=found.config.head_width)
+
+
+@pytest.mark.torch
+def test_dynamic_rope_decoding_past_the_trained_length_equals_hf_cached_decoding():
+    """Past max_position_embeddings, dynamic NTK recomputes the frequencies at each step while
+    the cached keys keep their earlier rotation, in HF as in numpy_tf: step-by-step decoding
+    with a KV cache equals HF's (float32, 1e-4), and differs from a full recomputation."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=4,
+        rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 100.0},
+        attn_implementation="eager")
+    hf = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in hf.parameters():
+            parameter.normal_(0, 0.5)
+    ids = torch.randint(0, 32, (1, 9))
+    model = interop.from_hf(config.to_dict(),
+                            {k: v.numpy() for k, v in hf.state_dict().items()}, np.float32)
+    with torch.no_grad():
+        out = hf(input_ids=ids[:, :3], use_cache=True)
+        theirs = [out.logits[:, -1].numpy()]
+        for t in range(3, 9):
+            out = hf(input_ids=ids[:, t:t + 1], cache=out.past_key_values, use_cache=True)
+            theirs.append(out.logits[:, -1].numpy())
+    logits, cache = model.forward(ids[:, :3].numpy())
+    ours = [logits[:, -1]]
+    for t in range(3, 9):
+        logits, cache = model.forward(ids[:, t:t + 1].numpy(), past_kv=cache.present)
+        ours.append(logits[:, -1])
+    theirs, ours = np.stack(theirs), np.stack(ours)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4 * np.abs(theirs).max())
+    full, _ = model.forward(ids.numpy())
+    assert np.abs(full[:, -1] - ours[-1]).max() > 1e-2 * np.abs(ours[-1]).max()
