@@ -29,7 +29,7 @@ named_parameters order, N(0, s^2) with s = init_std (default 1.2 / sqrt(width), 
 is far from uniform and the case has teeth), norm weights 1 + N(0, 0.2^2); then the ids.
 
 A model is named as everywhere in numpy_tf (numpy_tf.models.registry): a family (gpt, llama,
-bert, seq2seq) or a preset (tiny-gpt, gpt2-tiny, llama-tiny, smollm2-135m, bert-tiny, ...);
+qwen2, qwen3, phi3, bert, seq2seq) or a preset (tiny-gpt, gpt2-tiny, llama-tiny, smollm2-135m, bert-tiny, ...);
 export's five first names (tiny-gpt, gpt2, llama, transformer, bert) keep their meaning. What a
 family's cases need beyond its registry entry (the inputs, the conventions) is its EXPORTS
 entry, keyed by the family's name.
