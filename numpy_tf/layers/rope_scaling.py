@@ -4,7 +4,7 @@ computes it.
 
 Shapes: D head_dim (even), omega (D/2,) the inverse frequencies, base the RoPE theta.
 Unscaled, omega_i = base^(-2i/D) (numpy_tf.layers.positions.inverse_frequencies). Each type
-changes omega, and yarn also scales cos and sin by an attention factor m:
+changes omega, and yarn and longrope also scale cos and sin by an attention factor m:
 
     cos' = m cos(p omega_i),  sin' = m sin(p omega_i)
 
@@ -19,9 +19,11 @@ The scores q.k see m^2: yarn's "attention temperature".
       base' = base (factor L / M - (factor - 1))^(D / (D - 2)),
   omega_i = base'^(-2i/D). HF keeps the longest length seen so far on the module
   (max_seq_len_cached) and only recomputes when a call goes beyond it (or resets when a call
-  fits in M): numpy_tf computes from each call's own positions, which is HF's value for a
-  freshly built model, for every call whose length is not below the longest earlier length
-  above M (KV-cache decoding, whose positions only grow), and for every call that fits in M.
+  is shorter than M): numpy_tf computes from each call's own positions, which is HF's value
+  for a freshly built model, for every call whose length is not below the longest earlier
+  length above M (KV-cache decoding, whose positions only grow), and for every call shorter
+  than M. They differ for a call above M or of exactly M after a longer one (HF keeps the
+  longer call's frequencies).
   Keys already in a KV cache keep the rotation they were cached with, in both.
 - llama3 (Llama 3.1): with the wavelength lambda_i = 2 pi / omega_i, the old context M and
   the bounds M / low_freq_factor > M / high_freq_factor: lambda_i > M / low_freq_factor:
