@@ -37,11 +37,12 @@ import neox  # noqa: E402
 import norm  # noqa: E402
 import optim  # noqa: E402
 import positions  # noqa: E402
+import qwen  # noqa: E402
 import rope  # noqa: E402
 import transformer  # noqa: E402
 
 FAMILIES = [layers, norm, positions, rope, attention, feedforward, optim, gpt, cbow, llama,
-            transformer, bert, neox, mixtral, mistral, gemma]
+            transformer, bert, neox, mixtral, mistral, gemma, qwen]
 
 
 def main(argv=None) -> int:

@@ -80,27 +80,30 @@ def _eager_attention_in_working_dtype(module, query, key, value, attention_mask,
 
 
 @contextlib.contextmanager
-def float64_faithful():
-    """Swap in the three working-dtype computations for the duration of the block."""
-    from transformers.models.llama import modeling_llama as llama
+def float64_faithful(modeling=None, prefix: str = "Llama", rotary=_rotary_in_working_dtype):
+    """Swap in the three working-dtype computations for the duration of the block, in
+    `modeling` (default transformers' modeling_llama), whose classes are named `prefix`RMSNorm
+    and `prefix`RotaryEmbedding; `rotary` replaces the rotary embedding's forward."""
+    if modeling is None:
+        from transformers.models.llama import modeling_llama as modeling
 
-    saved = (llama.LlamaRMSNorm.forward, llama.LlamaRotaryEmbedding.forward,
-             llama.eager_attention_forward)
-    llama.LlamaRMSNorm.forward = _rms_norm_in_working_dtype
-    llama.LlamaRotaryEmbedding.forward = _rotary_in_working_dtype
-    llama.eager_attention_forward = _eager_attention_in_working_dtype
+    norm, embedding = getattr(modeling, f"{prefix}RMSNorm"), \
+        getattr(modeling, f"{prefix}RotaryEmbedding")
+    saved = (norm.forward, embedding.forward, modeling.eager_attention_forward)
+    norm.forward = _rms_norm_in_working_dtype
+    embedding.forward = rotary
+    modeling.eager_attention_forward = _eager_attention_in_working_dtype
     try:
         yield
     finally:
-        (llama.LlamaRMSNorm.forward, llama.LlamaRotaryEmbedding.forward,
-         llama.eager_attention_forward) = saved
+        norm.forward, embedding.forward, modeling.eager_attention_forward = saved
 
 
-def _check_patch_is_exact_in_float32(model, ids, mask):
+def _check_patch_is_exact_in_float32(model, ids, mask, faithful=float64_faithful):
     """The replacements only remove casts: on a float32 model they change no bit."""
     with torch.no_grad():
         plain = model(input_ids=ids, attention_mask=mask).logits
-        with float64_faithful():
+        with faithful():
             patched = model(input_ids=ids, attention_mask=mask).logits
     if not torch.equal(plain, patched):
         raise AssertionError("float64_faithful() changed HF's float32 logits by "

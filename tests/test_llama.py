@@ -282,9 +282,9 @@ def test_older_configs_and_buffers_are_read():
 
 @pytest.mark.parametrize("changes, message", [
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
-     "rope_parameters has rope_type 'llama3': scaled RoPE is not implemented"),
-    ({"rope_scaling": {"type": "linear", "factor": 2.0}},
-     "rope_scaling has rope_type 'linear'"),
+     "rope_type 'llama3' needs low_freq_factor in rope_parameters"),
+    ({"rope_scaling": {"type": "proportional", "factor": 2.0}},
+     "rope_type 'proportional' is not implemented"),
     ({"rope_theta": 123.0}, r"rope_theta \(123.0\) and rope_parameters' rope_theta \(500.0\)"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not implemented"),
     ({"pretraining_tp": 2}, "pretraining_tp=2 is not implemented"),

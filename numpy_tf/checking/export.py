@@ -29,8 +29,8 @@ named_parameters order, N(0, s^2) with s = init_std (default 1.2 / sqrt(width), 
 is far from uniform and the case has teeth), norm weights 1 + N(0, 0.2^2); then the ids.
 
 A model is named as everywhere in numpy_tf (numpy_tf.models.registry): a family (gpt, llama,
-bert, seq2seq, neox) or a preset (tiny-gpt, gpt2-tiny, llama-tiny, smollm2-135m, bert-tiny,
-neox-tiny, ...);
+qwen2, qwen3, phi3, neox, gemma, mixtral, bert, seq2seq) or a preset (tiny-gpt, gpt2-tiny,
+llama-tiny, smollm2-135m, bert-tiny, neox-tiny, ...);
 export's five first names (tiny-gpt, gpt2, llama, transformer, bert) keep their meaning. What a
 family's cases need beyond its registry entry (the inputs, the conventions) is its EXPORTS
 entry, keyed by the family's name.
@@ -165,12 +165,19 @@ def _llama_conventions(model: Llama) -> dict:
                      "repeat_kv); scores q k^T / sqrt(d); query i sees keys j <= i",
         "rope": f"on q and k after the projections, halves layout (HF rotate_half: pairs "
                 f"(i, i + d/2)), inv_freq_i = {c.rope_theta:g}^(-2i/d), positions 0 .. T-1, "
-                "angles in the working dtype (HF computes them in float32)",
+                "angles in the working dtype (HF computes them in float32)"
+                + ("" if c.rope_scaling is None else
+                   f"; scaled: {c.rope_scaling.to_dict()} (numpy_tf.layers.rope_scaling, HF's "
+                   "rope initialisation; yarn multiplies cos and sin by its attention factor)"),
+        "qk_norm": "q_norm and k_norm: RMSNorm (weight (d,), eps = rms_norm_eps) over each "
+                   "query and key head after the projection, before RoPE (HF Qwen3)"
+                   if c.qk_norm else "none",
         "rmsnorm": f"w x / sqrt(mean(x^2) + eps), eps = {c.rms_norm_eps:g}, over the last axis, "
                    "in the working dtype (HF casts to float32)",
         "mlp": "SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x))",
         "key_padding_mask": "(B, T) bool, True = padding: blocked as a key",
-        "biases": f"attention {c.attention_bias}, mlp {c.mlp_bias}, lm_head none",
+        "biases": f"q_proj, k_proj, v_proj {c.attention_bias}, o_proj {c.output_bias}, mlp "
+                  f"{c.mlp_bias}, lm_head none",
         "tied": "lm_head.weight IS embed_tokens.weight (listed under both names; its gradient "
                 "is the sum of both uses)" if c.tie_word_embeddings else "untied",
         "positions": "RoPE only (no absolute positions)", "gelu": "none (SiLU in the MLP)",
@@ -399,6 +406,11 @@ EXPORTS: dict[str, ModelExport] = {
     "gemma": ModelExport(default="gemma-tiny", inputs=_lm_inputs,
                          conventions=_gemma_conventions, loss=NEXT_TOKEN_LOSS,
                          width=lambda model: model.config.hidden_size),
+    # the Llama-shaped families: numpy_tf's Llama, exported as llama is
+    **{name: ModelExport(default=f"{name}-tiny", inputs=_lm_inputs,
+                         conventions=_llama_conventions, loss=NEXT_TOKEN_LOSS,
+                         width=lambda model: model.config.hidden_size)
+       for name in ("qwen2", "qwen3", "phi3")},
     "bert": ModelExport(default="bert-tiny", inputs=_mlm_inputs, conventions=_bert_conventions,
                         loss=MASKED_LM_LOSS, width=lambda model: model.config.hidden_size,
                         objective=_MaskedLM),

@@ -213,7 +213,8 @@ def _seq2seq_inputs(case: Case):
 # registry family name -> case -> (positional, keyword) inputs of the family's objective
 MODEL_INPUTS: dict[str, Callable[[Case], tuple[tuple, dict]]] = {
     "gpt": _lm_inputs, "llama": _lm_inputs, "bert": _lm_inputs, "seq2seq": _seq2seq_inputs,
-    "neox": _lm_inputs, "mixtral": _lm_inputs, "gemma": _lm_inputs}
+    "neox": _lm_inputs, "mixtral": _lm_inputs, "gemma": _lm_inputs, "qwen2": _lm_inputs,
+    "qwen3": _lm_inputs, "phi3": _lm_inputs}
 
 
 def model_case_family(kind: str):

@@ -2,16 +2,19 @@
 
     model = interop.from_hf(config, state_dict, dtype=np.float64)
         config: a Hugging Face config as a dict (config.to_dict()) of model_type gpt2, llama,
-        bert (BertForMaskedLM) or gpt_neox; state_dict: {HF key: numpy array} in HF layout
-        (GPT-2's Conv1D weights are (in, out); BERT's query, key and value join into one
-        in_proj_weight)
+        bert (BertForMaskedLM), gpt_neox, mistral, gemma, gemma2, mixtral, qwen2, qwen3 or
+        phi3; state_dict: {HF key: numpy array} in HF layout (GPT-2's Conv1D weights are
+        (in, out); BERT's query, key and value join into one in_proj_weight; Phi-3's qkv_proj
+        and gate_up_proj are split)
     params = interop.to_hf(model, config)              # the loaded state_dict, bit for bit
     grads = interop.to_hf(model, config, grads=True)   # {HF key: gradient in HF layout}
 
 Each layout is a table of (numpy_tf name, other name, transposed?) rows (interop/layout.py; the
-BERT tables are in interop/hf_bert.py, GPT-NeoX's in interop/hf_neox.py); loading checks every
-key, shape and config option first and names each problem. Options we do not implement are
-refused, never guessed. HF_FAMILIES holds each family's config reader and layout under its
+BERT tables are in interop/hf_bert.py, the Llama-shaped families' (Llama, Mistral, Qwen2,
+Qwen3, Phi-3) in interop/hf_llama.py, GPT-NeoX's in interop/hf_neox.py, Mixtral's in
+interop/hf_mixtral.py, Gemma's in interop/hf_gemma.py); loading checks every key, shape and
+config option first and names each problem. Options we do not implement are refused, never
+guessed. HF_FAMILIES holds each family's config reader and layout under its
 numpy_tf.models.registry name; the registry says which model_type values a family reads and
 which class builds it.
 """
@@ -24,11 +27,12 @@ import numpy as np
 from ..core.module import Module, float_dtype
 from ..models import registry
 from ..models.gpt import GPTConfig
-from ..models.llama import LlamaConfig
 from .hf_bert import bert_buffer, bert_config, bert_layout
 from .hf_neox import neox_buffer, neox_config, neox_layout, neox_ties
 from .hf_mixtral import mixtral_buffer, mixtral_config, mixtral_layout
 from .hf_gemma import gemma_config, gemma_layout
+from .hf_llama import (llama_buffer, llama_config, llama_layout, phi3_config, qwen2_config,
+                       qwen3_config)
 from .layout import Layout
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -85,81 +89,6 @@ def _gpt2_buffer(key: str) -> bool:
     return key.endswith(".attn.bias") or key.endswith(".attn.masked_bias")
 
 
-# -- Llama ------------------------------------------------------------------------------------
-def _llama_rope_theta(config: Mapping) -> float:
-    """rope_theta from transformers 5's `rope_parameters` or an older config's `rope_theta`;
-    any scaled RoPE (linear, dynamic, yarn, llama3, ...) is refused."""
-    parameters = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    for where, table in (("rope_parameters", parameters), ("rope_scaling", scaling)):
-        rope_type = table.get("rope_type", table.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"{where} has rope_type {rope_type!r}: scaled RoPE is not "
-                             "implemented (numpy_tf's Llama supports rope_type 'default' only)")
-    theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
-    if "rope_theta" in config and config["rope_theta"] != theta:
-        raise ValueError(f"rope_theta ({config['rope_theta']!r}) and rope_parameters' "
-                         f"rope_theta ({theta!r}) disagree")
-    return theta
-
-
-def llama_config(config: Mapping) -> LlamaConfig:
-    """numpy_tf's LlamaConfig for a Hugging Face LlamaConfig dict; refuses what we lack."""
-    if config.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act {config['hidden_act']!r} is not implemented (numpy_tf's "
-                         "Llama MLP is SwiGLU: hidden_act 'silu')")
-    if (config.get("pretraining_tp") or 1) != 1:
-        raise ValueError(f"pretraining_tp={config['pretraining_tp']!r} is not implemented "
-                         "(numpy_tf needs pretraining_tp=1: the exact, unsliced projections)")
-    # Mistral's window: query i sees keys j > i - sliding_window (None: every earlier key)
-    window = config.get("sliding_window") if config.get("model_type") == "mistral" else None
-    for key in ("sliding_window", "use_sliding_window"):
-        if config.get(key) and not (key == "sliding_window" and window is not None):
-            raise ValueError(f"{key}={config[key]!r} is not implemented (numpy_tf's Llama "
-                             "attends to every earlier position; model_type 'mistral' reads "
-                             "a sliding_window)")
-    heads = config["num_attention_heads"]
-    return LlamaConfig(
-        vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"],
-        num_hidden_layers=config["num_hidden_layers"], num_attention_heads=heads,
-        num_key_value_heads=config.get("num_key_value_heads") or heads,
-        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=_llama_rope_theta(config),
-        tie_word_embeddings=config.get("tie_word_embeddings", False),
-        max_position_embeddings=config.get("max_position_embeddings", 2048),
-        attention_bias=config.get("attention_bias", False),
-        mlp_bias=config.get("mlp_bias", False),
-        attention_dropout=config.get("attention_dropout") or 0.0,
-        pad_token_id=config.get("pad_token_id"),
-        initializer_range=config.get("initializer_range", 0.02), sliding_window=window)
-
-
-def llama_layout(config: LlamaConfig) -> Layout:
-    """numpy_tf's names are HF's without the `model.` prefix (lm_head has none); nothing is
-    transposed. Rows in HF's state_dict order."""
-    ours = ["embed_tokens.weight"]
-    for i in range(config.num_hidden_layers):
-        for projection, bias in [("self_attn.q_proj", config.attention_bias),
-                                 ("self_attn.k_proj", config.attention_bias),
-                                 ("self_attn.v_proj", config.attention_bias),
-                                 ("self_attn.o_proj", config.attention_bias),
-                                 ("mlp.gate_proj", config.mlp_bias),
-                                 ("mlp.up_proj", config.mlp_bias),
-                                 ("mlp.down_proj", config.mlp_bias)]:
-            ours += [f"layers.{i}.{projection}.{p}" for p in ("weight", "bias")[:1 + bias]]
-        ours += [f"layers.{i}.input_layernorm.weight",
-                 f"layers.{i}.post_attention_layernorm.weight"]
-    ours += ["norm.weight", "lm_head.weight"]
-    return Layout([(name, name if name == "lm_head.weight" else f"model.{name}", False)
-                   for name in ours])
-
-
-def _llama_buffer(key: str) -> bool:
-    """The rotary inv_freq buffers older transformers versions saved in the state_dict."""
-    return key.endswith(".rotary_emb.inv_freq")
-
-
 # -- the entry points ---------------------------------------------------------------------------
 def _family(config: Mapping) -> "HFFamily":
     """The HF_FAMILIES entry of the registered family whose model_type the config names."""
@@ -212,6 +141,11 @@ def to_hf(model: Module, config: Mapping, grads: bool = False) -> dict[str, np.n
     return family.layout(config).to_theirs(arrays)
 
 
+def _llama_ties(config: Mapping) -> list[tuple[str, str]]:
+    return [("lm_head.weight", "embed_tokens.weight")] \
+        if config.get("tie_word_embeddings", False) else []
+
+
 class HFFamily(NamedTuple):
     """What reading one family's Hugging Face checkpoints takes (its model class is the
     registry's)."""
@@ -239,9 +173,17 @@ HF_FAMILIES = {family.name: family for family in [
         ignored=bert_buffer),
     HFFamily(
         "llama", config=llama_config, layout=lambda config: llama_layout(llama_config(config)),
-        ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
-        if config.get("tie_word_embeddings", False) else [],
-        ignored=_llama_buffer),
+        ties=lambda config: _llama_ties(config), ignored=llama_buffer),
+    HFFamily(
+        "qwen2", config=qwen2_config, layout=lambda config: llama_layout(qwen2_config(config)),
+        ties=lambda config: _llama_ties(config), ignored=llama_buffer),
+    HFFamily(
+        "qwen3", config=qwen3_config, layout=lambda config: llama_layout(qwen3_config(config)),
+        ties=lambda config: _llama_ties(config), ignored=llama_buffer),
+    HFFamily(
+        "phi3", config=phi3_config,
+        layout=lambda config: llama_layout(phi3_config(config), fused=True),
+        ties=lambda config: _llama_ties(config), ignored=llama_buffer),
     HFFamily("neox", config=neox_config, layout=lambda config: neox_layout(neox_config(config)),
              ties=neox_ties, ignored=neox_buffer),
     HFFamily(
@@ -253,5 +195,5 @@ HF_FAMILIES = {family.name: family for family in [
         "gemma", config=gemma_config, layout=lambda config: gemma_layout(gemma_config(config)),
         ties=lambda config: [("lm_head.weight", "embed_tokens.weight")]
         if config.get("tie_word_embeddings", True) else [],
-        ignored=_llama_buffer),
+        ignored=llama_buffer),
 ]}

@@ -16,15 +16,23 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..models.gemma import GemmaConfig, alternating_layer_types
+from .hf_rope import read_rope
 from .layout import Layout
 
 TANH_GELU = ("gelu_pytorch_tanh", "gelu_new")   # one formula, x (1 + tanh(u)) / 2
 
 
+def _rope_theta(config: Mapping) -> float:
+    """The RoPE base; a scaled RoPE is refused (Gemma's rotary tables are the default ones)."""
+    theta, scaling = read_rope(config)
+    if scaling is not None:
+        raise ValueError(f"{config.get('model_type')} with a scaled RoPE ({scaling.rope_type!r}) "
+                         "is not implemented (numpy_tf's Gemma uses rope_type 'default')")
+    return theta
+
+
 def gemma_config(config: Mapping) -> GemmaConfig:
     """numpy_tf's GemmaConfig for a Hugging Face GemmaConfig or Gemma2Config dict."""
-    from .hf import _llama_rope_theta
-
     model_type = config.get("model_type")
     gemma2 = model_type == "gemma2"
     key = "hidden_activation" if gemma2 else "hidden_act"      # the key each HF MLP reads
@@ -55,7 +63,7 @@ def gemma_config(config: Mapping) -> GemmaConfig:
         intermediate_size=config["intermediate_size"], num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=_llama_rope_theta(config),
+        rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=_rope_theta(config),
         tie_word_embeddings=config.get("tie_word_embeddings", True),
         max_position_embeddings=config.get("max_position_embeddings", 8192),
         attention_bias=config.get("attention_bias", False),

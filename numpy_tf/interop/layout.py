@@ -18,9 +18,14 @@ class Layout:
     keeps under two names: the values given must be equal, and all but one may be absent.
     `unused` maps their names that take no part in their own model's computation to the shape:
     such a tensor may be absent, must be zero when given (numpy_tf keeps no copy), and is
-    exported as zeros. `order` is their state_dict's key order (default: the rows')."""
+    exported as zeros. `order` is their state_dict's key order (default: the rows').
 
-    def __init__(self, rows: list[tuple[str, str | tuple[str, ...], bool]],
+    Ours may be a tuple of names instead: their one tensor is split along axis 0 into ours, in
+    order, each part as many rows as ours has (HF Phi-3's qkv_proj is q_proj, k_proj and
+    v_proj, of H d, G d and G d rows), and ours are joined back on export (their gradients
+    too: a fused weight's gradient is its parts' gradients, joined)."""
+
+    def __init__(self, rows: list[tuple[str | tuple[str, ...], str | tuple[str, ...], bool]],
                  unused: Mapping[str, tuple[int, ...]] | None = None,
                  order: list[str] | None = None):
         self.rows = rows
@@ -53,10 +58,27 @@ class Layout:
                 ) -> dict[str, np.ndarray]:
         """Their state_dict as numpy_tf's, after checking every key and shape."""
         variants: dict[str, list] = {}
+        fused = [(ours, their) for ours, their, _ in self.rows if not isinstance(ours, str)]
         for ours, their, transpose in self.rows:
-            variants.setdefault(ours, []).append((self._parts(their), transpose))
+            if isinstance(ours, str):
+                variants.setdefault(ours, []).append((self._parts(their), transpose))
         theirs = {part for rows in variants.values() for parts, _ in rows for part in parts}
+        theirs |= {their for _, their in fused}
         missing, mismatched, disagreeing, converted = [], [], [], {}
+        for ours, their in fused:
+            sizes = [expected[name].shape[0] for name in ours]
+            want = (sum(sizes), *expected[ours[0]].shape[1:])
+            value = state.get(their)
+            if value is None:
+                missing.append(their)
+            elif not isinstance(value, np.ndarray):
+                mismatched.append(f"{their}: expected a numpy array, got {type(value).__name__}")
+            elif value.shape != want:
+                mismatched.append(f"{their}: expected shape {want} ({' + '.join(map(str, sizes))}"
+                                  f" rows: {', '.join(ours)}), got {value.shape}")
+            else:
+                for name, part in zip(ours, np.split(value, np.cumsum(sizes)[:-1], axis=0)):
+                    converted[name] = np.ascontiguousarray(part, dtype=dtype)
         for ours, rows in variants.items():
             given = [(parts, transpose) for parts, transpose in rows
                      if all(part in state for part in parts)]
@@ -102,6 +124,9 @@ class Layout:
     def to_theirs(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = {}
         for ours, their, transpose in self.rows:
+            if not isinstance(ours, str):
+                out[their] = np.concatenate([arrays[name] for name in ours], axis=0)
+                continue
             value = arrays[ours]
             value = np.ascontiguousarray(value.T) if transpose else value
             parts = self._parts(their)

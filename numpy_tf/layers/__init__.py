@@ -28,5 +28,6 @@ from .positions import (LearnedPositions, SinusoidalPositions, inverse_frequenci
 from .rope import RoPECache, RotaryEmbedding, rope_backward, rope_forward, rope_rotate, rope_tables
 from .rope import partial_rope_backward, partial_rope_forward
 from .softcap import SoftCap, softcap_backward, softcap_forward
+from .rope_scaling import RopeScaling, scaled_inverse_frequencies
 from .softmax import (LogSoftmax, Softmax, log_softmax_backward, log_softmax_forward,
                       softmax_backward, softmax_forward)

@@ -3,14 +3,16 @@
 Shapes: B batch, Tq / Tk query / key lengths, C model width, H query heads, G key/value heads,
 d head width (C = H d unless head_dim is set).
 
-    q = project_q(query)   (B, Tq, H d)  -> heads (B, H, Tq, d)  -> RoPE (optional)
-    k = project_k(key)     (B, Tk, G d)  -> heads (B, G, Tk, d)  -> RoPE (optional)
+    q = project_q(query)   (B, Tq, H d)  -> heads (B, H, Tq, d)  -> q_norm -> RoPE (optional)
+    k = project_k(key)     (B, Tk, G d)  -> heads (B, G, Tk, d)  -> k_norm -> RoPE (optional)
     v = project_v(value)   (B, Tk, G d)  -> heads (B, G, Tk, d)
     a = attention(q, k, v, masks)              (B, H, Tq, d)     numpy_tf.attention
     y = output(merge(a))                       (B, Tq, C)
 
 Layouts (the parameter names are the ones each family's torch code uses):
-  MultiHeadAttention      q_proj, k_proj, v_proj, o_proj; grouped-query heads (HF Llama)
+  MultiHeadAttention      q_proj, k_proj, v_proj, o_proj; grouped-query heads (HF Llama);
+                          optionally q_norm, k_norm: an RMSNorm over each head's d features
+                          of q and k, before RoPE (HF Qwen3)
   FusedAttention          qkv (one Linear to 3C), output (GPTConfig.tiny()'s GPT; GPT-2 with biases)
   TorchMultiheadAttention in_proj_weight, in_proj_bias, out_proj (torch.nn.MultiheadAttention)
 
@@ -37,7 +39,9 @@ from .attention import (AttentionCache, AttentionKernelCache, attention_backward
                         attention_forward, check_window)
 from .dropout import check_probability
 from .linear import Linear, LinearCache, linear_backward, linear_forward
+from .norm import RMSNorm, RMSNormCache
 from .rope import RoPECache, rope_backward, rope_forward
+from .rope_scaling import RopeScaling, as_rope_scaling
 
 
 class ProjectionCaches(NamedTuple):
@@ -49,6 +53,11 @@ class ProjectionCaches(NamedTuple):
 class RotaryCaches(NamedTuple):
     q: RoPECache                # the queries' rotation
     k: RoPECache | None         # the keys' (None with static_kv: rotated when projected)
+
+
+class HeadNormCaches(NamedTuple):
+    q: RMSNormCache             # q_norm's, of the query heads (B, H, Tq, d)
+    k: RMSNormCache | None      # k_norm's, of the key heads (B, G, Tk, d); None with static_kv
 
 
 class KVCache(NamedTuple):
@@ -67,6 +76,7 @@ class AttentionLayerCache(NamedTuple):
     present: KVCache            # (k, v) heads (B, G, Tk, d) after RoPE: the next KV cache
     inputs: str                 # "self", "key" or "key_value": the gradients to return
     static: bool                # keys and values came from static_kv (no projection to undo)
+    head_norms: HeadNormCaches | None = None    # q_norm / k_norm's, when the layer has them
 
     @property
     def output_spec(self):  # the (shape, dtype) dout must have
@@ -87,7 +97,11 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
 
 class HeadAttention(Module):
     """The computation every layout shares; a layout supplies _project, _project_backward and
-    the output projection (self.output_layer)."""
+    the output projection (self.output_layer), and may hold q_norm / k_norm (RMSNorms over a
+    head's features) and a rope_scaling."""
+    q_norm: RMSNorm | None = None
+    k_norm: RMSNorm | None = None
+    rope_scaling: RopeScaling | None = None
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, dropout: float,
                  rope: bool, rope_base: float, rope_interleaved: bool, dtype):
@@ -180,19 +194,27 @@ class HeadAttention(Module):
                                              None if static else value)
         q = split_heads(q, self.num_heads)                              # (B, H, Tq, d)
         past_length = 0 if past_kv is None else past_kv[0].shape[2]
-        rope_caches = None
+        rope_caches = head_norms = None
         if static:
             k, v = static_kv
         else:
             k = split_heads(k, self.num_kv_heads)                       # (B, G, Tk, d)
             v = split_heads(v, self.num_kv_heads)
+        if self.q_norm is not None:
+            q, q_norm = self.q_norm.forward(q)                          # (B, H, Tq, d)
+            k_norm = None
+            if not static:
+                k, k_norm = self.k_norm.forward(k)                      # (B, G, Tk, d)
+            head_norms = HeadNormCaches(q_norm, k_norm)
         if self.rope:
             if positions is None:
                 positions = np.arange(past_length, past_length + query.shape[1])
-            q, q_rope = rope_forward(q, positions, self.rope_base, self.rope_interleaved)
+            q, q_rope = rope_forward(q, positions, self.rope_base, self.rope_interleaved,
+                                     self.rope_scaling)
             k_rope = None
             if not static:
-                k, k_rope = rope_forward(k, positions, self.rope_base, self.rope_interleaved)
+                k, k_rope = rope_forward(k, positions, self.rope_base, self.rope_interleaved,
+                                         self.rope_scaling)
             rope_caches = RotaryCaches(q_rope, k_rope)
         if past_kv is not None:
             k = np.concatenate([past_kv[0], k], axis=2)
@@ -205,7 +227,7 @@ class HeadAttention(Module):
             attention = AttentionKernelCache(*attention)                # kernel backward
         out, output = self.output_layer.forward(merge_heads(heads))     # (B, Tq, C)
         return out, AttentionLayerCache(projections, rope_caches, attention, output,
-                                        past_length, KVCache(k, v), inputs, static)
+                                        past_length, KVCache(k, v), inputs, static, head_norms)
 
     def _check_cache(self, cache) -> None:
         """The cache is an AttentionLayerCache of this layout (projection_cache), made by a
@@ -223,7 +245,7 @@ class HeadAttention(Module):
 
     def backward(self, dout, cache: AttentionLayerCache):
         """The forward in reverse: output projection, merge of the heads, attention, RoPE
-        (its inverse rotation), split of the heads, the projections. Gradients of keys an
+        (its inverse rotation), q_norm / k_norm, split of the heads, the projections. Gradients of keys an
         incoming KV cache held (or of static_kv) are not propagated: they were inputs of an
         earlier call. A forward outside reference_path() left an AttentionKernelCache, which
         takes the kernel's attention backward."""
@@ -243,6 +265,10 @@ class HeadAttention(Module):
             dq = rope_backward(dq, cache.rope.q)
             if cache.rope.k is not None:
                 dk = rope_backward(dk, cache.rope.k)
+        if cache.head_norms is not None:
+            dq = self.q_norm.backward(dq, cache.head_norms.q)
+            if cache.head_norms.k is not None:
+                dk = self.k_norm.backward(dk, cache.head_norms.k)
         if cache.static:
             dk = dv = None
         return self._project_backward(dq, dk, dv, cache.projections, cache.inputs)
@@ -261,6 +287,11 @@ class MultiHeadAttention(HeadAttention):
     """Separate q_proj, k_proj, v_proj, o_proj (HF Llama names), grouped-query heads:
     H = num_heads query heads, G = num_kv_heads key/value heads (G = 1: multi-query).
 
+    `bias` gives q_proj, k_proj and v_proj biases, and o_proj too unless `output_bias` says
+    otherwise (Qwen2: bias=True, output_bias=False). `head_norm_eps` adds q_norm and k_norm,
+    RMSNorms (weight (d,), that eps) over each query and key head before RoPE (Qwen3).
+    `rope_scaling` is a scaled RoPE (numpy_tf.layers.rope_scaling).
+
     Options of the Llama-like families: `sliding_window` W (Mistral, Gemma2's sliding layers):
     query i sees only keys j > i - W (positions counted with a KV cache's, which keeps every
     key: decoding past the window equals recomputing the whole sequence); `softcap` c (Gemma2):
@@ -271,9 +302,10 @@ class MultiHeadAttention(HeadAttention):
     def __init__(self, width: int, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = False, dropout: float = 0.0,
                  rope: bool = False, rope_base: float = 10000.0, rope_interleaved: bool = False,
-                 *, sliding_window: int | None = None, softcap: float | None = None,
-                 scale: float | None = None, rng: np.random.Generator | int = 0,
-                 dtype=np.float64):
+                 *, output_bias: bool | None = None, head_norm_eps: float | None = None,
+                 rope_scaling: RopeScaling | None = None, sliding_window: int | None = None,
+                 softcap: float | None = None, scale: float | None = None,
+                 rng: np.random.Generator | int = 0, dtype=np.float64):
         width = validate.positive_int("width", width)
         num_heads = validate.positive_int("num_heads", num_heads)
         if head_dim is None:
@@ -291,7 +323,16 @@ class MultiHeadAttention(HeadAttention):
         self.q_proj = Linear(width, num_heads * head_dim, bias, rng=rng, dtype=dtype)
         self.k_proj = Linear(width, num_kv_heads * head_dim, bias, rng=rng, dtype=dtype)
         self.v_proj = Linear(width, num_kv_heads * head_dim, bias, rng=rng, dtype=dtype)
-        self.o_proj = Linear(num_heads * head_dim, width, bias, rng=rng, dtype=dtype)
+        self.o_proj = Linear(num_heads * head_dim, width,
+                             bias if output_bias is None else output_bias, rng=rng, dtype=dtype)
+        if head_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, head_norm_eps, dtype=dtype)
+            self.k_norm = RMSNorm(head_dim, head_norm_eps, dtype=dtype)
+        if rope_scaling is not None:
+            if not rope:
+                raise ValueError("rope_scaling needs rope=True: it scales the rotary "
+                                 "frequencies")
+            self.rope_scaling = as_rope_scaling(rope_scaling)
 
     @property
     def output_layer(self):

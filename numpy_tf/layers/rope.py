@@ -36,25 +36,33 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module, float_dtype
-from .positions import inverse_frequencies
+from .rope_scaling import RopeScaling, as_rope_scaling, scaled_inverse_frequencies
 
 EVEN_HEAD_DIM = "rotations act on pairs of features"
 
 
 def rope_tables(positions: np.ndarray, head_dim: int, base: float = 10000.0,
-                dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+                dtype=np.float64, scaling: RopeScaling | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin) of the angles positions * omega_i, in `dtype`: (T, D/2) for positions (T,),
-    (B, 1, T, D/2) for positions (B, T) (the 1 broadcasts over the heads)."""
+    (B, 1, T, D/2) for positions (B, T) (the 1 broadcasts over the heads). With a scaled RoPE
+    (numpy_tf.layers.rope_scaling) omega is that rule's, computed from the largest position
+    (dynamic), and both tables are multiplied by its attention factor (yarn)."""
     validate.integer_array("positions", positions, ndim=(1, 2), shape="(T,) or (B, T)")
     validate.non_negative_entries("positions", positions)
     head_dim = validate.even_positive_int("head_dim", head_dim, EVEN_HEAD_DIM)
     base = validate.positive_float("base", base)
     dtype = float_dtype(dtype)
-    inv_freq = inverse_frequencies(head_dim, base, dtype)                   # (D/2,)
+    scaling = as_rope_scaling(scaling)
+    length = int(positions.max()) + 1 if positions.size else 0
+    inv_freq, factor = scaled_inverse_frequencies(head_dim, base, scaling, dtype,
+                                                  length)                   # (D/2,), m
     angles = positions[..., None].astype(dtype) * inv_freq                  # (..., T, D/2)
     if positions.ndim == 2:
         angles = angles[:, None]                                            # (B, 1, T, D/2)
-    return np.cos(angles), np.sin(angles)
+    if factor == 1.0:
+        return np.cos(angles), np.sin(angles)
+    return np.cos(angles) * factor, np.sin(angles) * factor                 # m cos, m sin
 
 
 def _pairs(x: np.ndarray, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -94,8 +102,9 @@ def _check_interleaved(interleaved) -> bool:
 
 
 def rope_forward(x: np.ndarray, positions: np.ndarray, base: float = 10000.0,
-                 interleaved: bool = False):
-    """Rotate x (B, H, T, D) at `positions` ((T,) or (B, T) non-negative integers).
+                 interleaved: bool = False, scaling: RopeScaling | None = None):
+    """Rotate x (B, H, T, D) at `positions` ((T,) or (B, T) non-negative integers), with the
+    frequencies of `scaling` when given (a scaled RoPE: numpy_tf.layers.rope_scaling).
     Returns (out (B, H, T, D), RoPECache)."""
     validate.float_array("x", x, ndim=4, shape="(B, H, T, head_dim)")
     if x.shape[-1] % 2:
@@ -108,7 +117,7 @@ def rope_forward(x: np.ndarray, positions: np.ndarray, base: float = 10000.0,
     if positions.shape != expected:
         raise ValueError(f"positions must have shape {expected} to match x's (B, T) = "
                          f"({batch}, {length}); got {positions.shape}")
-    cos, sin = rope_tables(positions, x.shape[-1], base, x.dtype)          # (..., T, D/2)
+    cos, sin = rope_tables(positions, x.shape[-1], base, x.dtype, scaling)  # (..., T, D/2)
     a, b = _pairs(x, interleaved)                                           # (..., D/2) each
     out = np.empty_like(x)                                                  # (B, H, T, D)
     out_a, out_b = _pairs(out, interleaved)                                 # views of out
@@ -134,7 +143,9 @@ def rope_backward(dout: np.ndarray, cache: RoPECache) -> np.ndarray:
         da =  da' cos(theta) + db' sin(theta)
         db = -da' sin(theta) + db' cos(theta),
 
-    in the same layout. Cached: only cos and sin (x is not needed, the map being linear).
+    in the same layout. A scaled RoPE with an attention factor m (yarn) caches m cos and
+    m sin: the map m R(theta) has the transpose m R(theta)^T, the same formulas on the cached
+    tables. Cached: only cos and sin (x is not needed, the map being linear).
     Integer positions get no gradient. Returns dx.
     """
     validate.backward_inputs(dout, cache, RoPECache)
@@ -157,11 +168,12 @@ class RotaryEmbedding(Module):
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False,
-                 dtype=np.float64):
+                 dtype=np.float64, scaling: RopeScaling | None = None):
         super().__init__(dtype)
         self.head_dim = validate.even_positive_int("head_dim", head_dim, EVEN_HEAD_DIM)
         self.base = validate.positive_float("base", base)
         self.interleaved = _check_interleaved(interleaved)
+        self.scaling = as_rope_scaling(scaling)
 
     def forward(self, x, positions=None, offset=0):
         validate.float_array("x", x, ndim=4, shape="(B, H, T, head_dim)")
@@ -172,7 +184,7 @@ class RotaryEmbedding(Module):
         elif offset:
             raise ValueError(f"give positions or offset, not both: positions already say where "
                              f"each token is; got offset={offset} with explicit positions")
-        return rope_forward(x, positions, self.base, self.interleaved)
+        return rope_forward(x, positions, self.base, self.interleaved, self.scaling)
 
     def backward(self, dout, cache):
         return rope_backward(dout, cache)

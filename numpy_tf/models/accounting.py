@@ -298,57 +298,159 @@ def gpt2_hf_config(config: GPTConfig) -> dict:
 
 
 # -- Llama: one formula, under numpy_tf's names or HF's (the same but for `model.`) -----------
-def _llama(model, prefix, vocab, d, inner, layers, heads, kv_heads, head_dim, tied,
-           attention_bias, mlp_bias) -> Accounting:
-    query, key_value = heads * head_dim, kv_heads * head_dim
+@dataclass(frozen=True)
+class _LlamaShape:
+    """What the Llama formula reads: numpy_tf's LlamaConfig options, HF's family options."""
+    vocab: int
+    d: int
+    inner: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+    qkv_bias: bool          # q_proj, k_proj, v_proj biases
+    output_bias: bool       # o_proj bias
+    mlp_bias: bool
+    qk_norm: bool           # Qwen3's q_norm, k_norm (hd each)
+
+
+def _llama(family, model, prefix, shape: _LlamaShape) -> Accounting:
+    s = shape
+    d, query, key_value = s.d, s.heads * s.head_dim, s.kv_heads * s.head_dim
+    attention_formula = "d·H·hd + 2·d·KV·hd + H·hd·d" + _plus(s.qkv_bias, "H·hd + 2·KV·hd") \
+        + _plus(s.output_bias, "d") + _plus(s.qk_norm, "2·hd")
+    attention = 2 * d * query + 2 * d * key_value + (query + 2 * key_value if s.qkv_bias else 0) \
+        + (d if s.output_bias else 0) + (2 * s.head_dim if s.qk_norm else 0)
     rows = (
-        Row(f"{prefix}embed_tokens", "V·d", vocab * d),
-        Row(f"{prefix}layers.N.input_layernorm", "d", d, layers),
-        Row(f"{prefix}layers.N.self_attn", "d·H·hd + 2·d·KV·hd + H·hd·d"
-            + _plus(attention_bias, "H·hd + 2·KV·hd + d"),
-            2 * d * query + 2 * d * key_value
-            + (query + 2 * key_value + d if attention_bias else 0), layers),
-        Row(f"{prefix}layers.N.post_attention_layernorm", "d", d, layers),
-        Row(f"{prefix}layers.N.mlp", "3·d·I" + _plus(mlp_bias, "2I + d"),
-            3 * d * inner + (2 * inner + d if mlp_bias else 0), layers),
+        Row(f"{prefix}embed_tokens", "V·d", s.vocab * d),
+        Row(f"{prefix}layers.N.input_layernorm", "d", d, s.layers),
+        Row(f"{prefix}layers.N.self_attn", attention_formula, attention, s.layers),
+        Row(f"{prefix}layers.N.post_attention_layernorm", "d", d, s.layers),
+        Row(f"{prefix}layers.N.mlp", "3·d·I" + _plus(s.mlp_bias, "2I + d"),
+            3 * d * s.inner + (2 * s.inner + d if s.mlp_bias else 0), s.layers),
         Row(f"{prefix}norm", "d", d),
-        Row("lm_head", "tied: 0" if tied else "V·d", 0 if tied else vocab * d))
-    return Accounting("llama", model, rows, tied, d, layers, vocab)
+        Row("lm_head", "tied: 0" if s.tied else "V·d", 0 if s.tied else s.vocab * d))
+    return Accounting(family, model, rows, s.tied, d, s.layers, s.vocab)
 
 
 def count_llama(config) -> Accounting:
     """A numpy_tf LlamaConfig (it validates itself), numpy_tf's names; LlamaConfig's
     num_parameters is this count's total."""
-    return _llama("numpy_tf Llama", "", config.vocab_size, config.hidden_size,
-                  config.intermediate_size, config.num_hidden_layers, config.num_attention_heads,
-                  config.kv_heads, config.head_width, config.tie_word_embeddings,
-                  config.attention_bias, config.mlp_bias)
+    return _llama("llama", "numpy_tf Llama", "", _LlamaShape(
+        config.vocab_size, config.hidden_size, config.intermediate_size,
+        config.num_hidden_layers, config.num_attention_heads, config.kv_heads,
+        config.head_width, config.tie_word_embeddings, config.attention_bias,
+        config.output_bias, config.mlp_bias, config.qk_norm))
 
 
-def count_llama_hf(config: dict) -> Accounting:
-    """An HF llama config.json, LlamaForCausalLM's names."""
-    keys = _Keys(config, "llama config")
+# model_type -> (its ForCausalLM class, its fixed options: q/k/v bias, o bias, mlp bias, qk norm;
+# None: the config's attention_bias / mlp_bias key), the default head_dim key
+_LLAMA_LIKE = {
+    "llama": ("LlamaForCausalLM", (None, None, None, False)),
+    "qwen2": ("Qwen2ForCausalLM", (True, False, False, False)),
+    "qwen3": ("Qwen3ForCausalLM", (None, None, False, True)),
+    "phi3": ("Phi3ForCausalLM", (False, False, False, False)),
+}
+
+
+def _count_llama_like_hf(config: dict, model_type: str) -> Accounting:
+    model, (qkv_bias, output_bias, mlp_bias, qk_norm) = _LLAMA_LIKE[model_type]
+    keys = _Keys(config, f"{model_type} config")
     vocab, d, inner = keys.int("vocab_size"), keys.int("hidden_size"), \
         keys.int("intermediate_size")
     layers, heads = keys.int("num_hidden_layers"), keys.int("num_attention_heads")
     kv_heads = keys.int("num_key_value_heads", heads)
-    head_dim = keys.int("head_dim", d // heads if d % heads == 0 else None)
-    return _llama("LlamaForCausalLM", "model.", vocab, d, inner, layers, heads, kv_heads,
-                  head_dim, keys.flag("tie_word_embeddings", False),
-                  keys.flag("attention_bias", False), keys.flag("mlp_bias", False))
+    head_dim = keys.int("head_dim", 128 if model_type == "qwen3" else
+                        d // heads if d % heads == 0 else None)
+    attention_bias = keys.flag("attention_bias", False)
+    return _llama(model_type, model, "model.", _LlamaShape(
+        vocab, d, inner, layers, heads, kv_heads, head_dim,
+        keys.flag("tie_word_embeddings", False),
+        attention_bias if qkv_bias is None else qkv_bias,
+        attention_bias if output_bias is None else output_bias,
+        keys.flag("mlp_bias", False) if mlp_bias is None else mlp_bias, qk_norm))
+
+
+def count_llama_hf(config: dict) -> Accounting:
+    """An HF llama config.json, LlamaForCausalLM's names."""
+    return _count_llama_like_hf(config, "llama")
+
+
+def count_qwen2_hf(config: dict) -> Accounting:
+    """An HF qwen2 config.json, Qwen2ForCausalLM's names (q, k, v biases; o_proj none)."""
+    return _count_llama_like_hf(config, "qwen2")
+
+
+def count_qwen3_hf(config: dict) -> Accounting:
+    """An HF qwen3 config.json, Qwen3ForCausalLM's names (q_norm and k_norm per layer)."""
+    return _count_llama_like_hf(config, "qwen3")
+
+
+def count_phi3_hf(config: dict) -> Accounting:
+    """An HF phi3 config.json, Phi3ForCausalLM's names (the fused qkv_proj and gate_up_proj
+    hold the same scalars as Llama's separate projections)."""
+    return _count_llama_like_hf(config, "phi3")
+
+
+def _rope_parameters(config) -> dict:
+    parameters = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+        parameters = {"rope_theta": config.rope_theta, **{
+            key: value for key, value in config.rope_scaling.to_dict().items()
+            if value is not None}}
+    return parameters
+
+
+def _llama_like_hf_config(config, model_type: str, names: tuple[str, ...]) -> dict:
+    return {"model_type": model_type, **{name: getattr(config, name) for name in names},
+            "num_key_value_heads": config.kv_heads, "head_dim": config.head_width,
+            "rope_parameters": _rope_parameters(config)}
+
+
+_LLAMA_HF_NAMES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "rms_norm_eps", "tie_word_embeddings",
+                   "max_position_embeddings", "attention_dropout", "pad_token_id",
+                   "initializer_range")
+
+
+def _require(config, model_type: str, **needed) -> None:
+    wrong = [f"{name}={getattr(config, name)!r}" for name, value in needed.items()
+             if getattr(config, name) != value]
+    if wrong:
+        raise ValueError(f"LlamaConfig with {', '.join(wrong)} is not in {model_type}'s layout, "
+                         f"so it has no {model_type} config.json")
 
 
 def llama_hf_config(config) -> dict:
     """The HF llama config.json of a LlamaConfig (interop.llama_config reads it back); with a
     sliding window, a mistral one."""
-    names = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-             "num_attention_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
-             "max_position_embeddings", "attention_bias", "mlp_bias", "attention_dropout",
-             "pad_token_id", "initializer_range")
-    window = {} if config.sliding_window is None else \
-        {"model_type": "mistral", "sliding_window": config.sliding_window}   # Mistral's window
-    return {"model_type": "llama", **{name: getattr(config, name) for name in names},
-            "num_key_value_heads": config.kv_heads, "head_dim": config.head_width, **window}
+    _require(config, "llama", output_bias=config.attention_bias, qk_norm=False)
+    fields_ = _llama_like_hf_config(config, "llama",
+                                    _LLAMA_HF_NAMES + ("attention_bias", "mlp_bias"))
+    if config.sliding_window is not None:                   # Mistral's window
+        fields_.update(model_type="mistral", sliding_window=config.sliding_window)
+    return fields_
+
+
+def qwen2_hf_config(config) -> dict:
+    """The HF qwen2 config.json of a LlamaConfig in Qwen2's layout."""
+    _require(config, "qwen2", attention_bias=True, output_bias=False, mlp_bias=False,
+             qk_norm=False)
+    return _llama_like_hf_config(config, "qwen2", _LLAMA_HF_NAMES)
+
+
+def qwen3_hf_config(config) -> dict:
+    """The HF qwen3 config.json of a LlamaConfig in Qwen3's layout."""
+    _require(config, "qwen3", output_bias=config.attention_bias, mlp_bias=False, qk_norm=True)
+    return _llama_like_hf_config(config, "qwen3", _LLAMA_HF_NAMES + ("attention_bias",))
+
+
+def phi3_hf_config(config) -> dict:
+    """The HF phi3 config.json of a LlamaConfig in Phi-3's layout (no biases, no qk norm)."""
+    _require(config, "phi3", attention_bias=False, output_bias=False, mlp_bias=False,
+             qk_norm=False)
+    return _llama_like_hf_config(config, "phi3", _LLAMA_HF_NAMES)
 
 
 # -- Gemma and Gemma2: Llama's rows (no MLP biases), Gemma2 adding two norms per layer --------

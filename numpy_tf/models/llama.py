@@ -6,9 +6,19 @@ intermediate_size, H query heads, G key/value heads (G divides H), d head_dim, V
 
     ids (B, T) -> embed_tokens (B, T, C) -> N blocks -> norm (RMSNorm) -> lm_head (B, T, V)
 
-A block is pre-norm, with no biases and no position table:
+A block is pre-norm, with no position table:
     u = x + SelfAttn(input_layernorm(x))          causal; RoPE on q and k (HF's halves layout)
     y = u + MLP(post_attention_layernorm(u))      MLP(h) = down(silu(gate(h)) * up(h))
+
+The options of the config cover the Llama-shaped families of Hugging Face:
+- attention_bias: biases on q_proj, k_proj, v_proj and o_proj (HF Llama's attention_bias);
+  attention_output_bias=False keeps o_proj without one (Qwen2: q, k and v biases only);
+- qk_norm: q_norm and k_norm, RMSNorms (weight (d,), eps rms_norm_eps) over each query and
+  key head, after the projection and before RoPE (Qwen3), with head_dim free of C / H;
+- rope_scaling: a scaled RoPE, rope_type linear, dynamic, llama3, yarn or longrope
+  (numpy_tf.layers.rope_scaling: Llama 3.1's context, YaRN, NTK, Phi-3 128k);
+- Phi-3 is this model too: its fused qkv_proj and gate_up_proj are split into q/k/v_proj and
+  gate/up_proj by numpy_tf.interop (numpy_tf.interop.hf_llama), bit for bit both ways.
 
 Parameter names are HF's with the `model.` prefix dropped: embed_tokens.weight,
 layers.0.self_attn.q_proj.weight, ..., layers.0.mlp.gate_proj.weight, ...,
@@ -35,6 +45,7 @@ from ..layers.linear import Linear, LinearCache
 from ..layers.mlp import SwiGLU, SwiGLUCache
 from ..layers.multihead import AttentionLayerCache, MultiHeadAttention
 from ..layers.norm import RMSNorm, RMSNormCache
+from ..layers.rope_scaling import RopeScaling, as_rope_scaling, check_rope_scaling
 from . import checks
 from .accounting import count_llama
 from .resize import check_new_size, normal, resize_embedding, resize_head
@@ -43,7 +54,9 @@ from .resize import check_new_size, normal, resize_embedding, resize_head
 @dataclass(frozen=True)
 class LlamaConfig:
     """HF LlamaConfig's fields that shape the computation, with HF's names. head_dim None is
-    hidden_size // num_attention_heads; num_key_value_heads None is num_attention_heads."""
+    hidden_size // num_attention_heads; num_key_value_heads None is num_attention_heads.
+    attention_output_bias None follows attention_bias; qk_norm and rope_scaling: see the
+    module text (rope_scaling may be given as a RopeScaling or its fields as a dict)."""
     vocab_size: int = 32
     hidden_size: int = 16
     intermediate_size: int = 24
@@ -61,8 +74,12 @@ class LlamaConfig:
     pad_token_id: int | None = None         # its embedding row gets no gradient, as in HF
     initializer_range: float = 0.02
     sliding_window: int | None = None       # Mistral's: query i sees keys j > i - W only
+    attention_output_bias: bool | None = None   # None: attention_bias (Qwen2: False)
+    qk_norm: bool = False                       # Qwen3's q_norm / k_norm per head
+    rope_scaling: RopeScaling | None = None     # linear, dynamic, llama3, yarn, longrope
 
     def __post_init__(self):
+        object.__setattr__(self, "rope_scaling", as_rope_scaling(self.rope_scaling))
         integer, flag = validate.positive_int, validate.flag
         validate.config_fields(self, {
             "vocab_size": integer, "hidden_size": integer, "intermediate_size": integer,
@@ -70,6 +87,7 @@ class LlamaConfig:
             "num_key_value_heads": validate.optional(integer),
             "head_dim": validate.optional(integer), "max_position_embeddings": integer,
             "tie_word_embeddings": flag, "attention_bias": flag, "mlp_bias": flag,
+            "attention_output_bias": validate.optional(flag), "qk_norm": flag,
             "attention_dropout": validate.bounded(0.0, 1.0, high_open=True),
             "initializer_range": validate.bounded(low=0.0)})
         heads, kv_heads = self.num_attention_heads, self.kv_heads
@@ -83,11 +101,19 @@ class LlamaConfig:
                              f"num_attention_heads ({heads}), or give head_dim")
         validate.even_positive_int("head_dim", self.head_width, "RoPE rotates pairs of "
                                    "features")
+        if self.rope_scaling is not None:
+            check_rope_scaling(self.rope_scaling, self.head_width)
         validate.config_fields(self, {
             "rms_norm_eps": validate.positive_float, "rope_theta": validate.positive_float,
             "pad_token_id": lambda name, value: validate.optional_index(
                 name, value, self.vocab_size, "a row of the vocabulary")})
         check_window("sliding_window", self.sliding_window)
+
+    @property
+    def output_bias(self) -> bool:
+        """Whether o_proj has a bias."""
+        return self.attention_bias if self.attention_output_bias is None \
+            else self.attention_output_bias
 
     @property
     def kv_heads(self) -> int:
@@ -122,6 +148,47 @@ class LlamaConfig:
                     rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096)
         return cls(**{**base, **changes})
 
+    @classmethod
+    def llama3_2_1b(cls, **changes) -> "LlamaConfig":
+        """meta-llama/Llama-3.2-1B's shape, with its llama3 RoPE: 1,235,814,400 parameters."""
+        base = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                    num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                    head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+                    tie_word_embeddings=True, max_position_embeddings=131072,
+                    rope_scaling=RopeScaling("llama3", 32.0, 8192, low_freq_factor=1.0,
+                                             high_freq_factor=4.0))
+        return cls(**{**base, **changes})
+
+    @classmethod
+    def qwen2_5_0_5b(cls, **changes) -> "LlamaConfig":
+        """Qwen/Qwen2.5-0.5B's shape (q, k, v biases; tied head): 494,032,768 parameters."""
+        base = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                    num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                    rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+                    max_position_embeddings=32768, attention_bias=True,
+                    attention_output_bias=False)
+        return cls(**{**base, **changes})
+
+    @classmethod
+    def qwen3_0_6b(cls, **changes) -> "LlamaConfig":
+        """Qwen/Qwen3-0.6B's shape (q_norm and k_norm; head_dim 128 for hidden 1024 and 16
+        heads; tied head): 596,049,920 parameters."""
+        base = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                    num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                    head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    tie_word_embeddings=True, max_position_embeddings=40960, qk_norm=True)
+        return cls(**{**base, **changes})
+
+    @classmethod
+    def phi3_mini_4k(cls, **changes) -> "LlamaConfig":
+        """microsoft/Phi-3-mini-4k-instruct's shape (its checkpoint fuses qkv_proj and
+        gate_up_proj): 3,821,079,552 parameters."""
+        base = dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192,
+                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                    rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096,
+                    pad_token_id=32000)
+        return cls(**{**base, **changes})
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -145,7 +212,8 @@ class LlamaDecoderLayer(Module):
         self.self_attn = MultiHeadAttention(
             c.hidden_size, c.num_attention_heads, c.kv_heads, c.head_width, c.attention_bias,
             c.attention_dropout, rope=True, rope_base=c.rope_theta, rope_interleaved=False,
-            sliding_window=c.sliding_window, rng=rng, dtype=dtype)
+            output_bias=c.output_bias, head_norm_eps=c.rms_norm_eps if c.qk_norm else None,
+            rope_scaling=c.rope_scaling, sliding_window=c.sliding_window, rng=rng, dtype=dtype)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias, rng=rng, dtype=dtype)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)

@@ -8,8 +8,11 @@ families and presets up here, by one set of names:
     gpt       GPTConfig      GPT          gpt2                     gpt2, gpt2-tiny, tiny-gpt,
                                                                    char-gpt
     llama     LlamaConfig    Llama        llama, mistral           smollm2-135m, llama-2-7b,
-                                                                   llama-tiny, mistral-7b-v0.1,
-                                                                   mistral-tiny
+                                                                   llama-3.2-1b, llama-tiny,
+                                                                   mistral-7b-v0.1, mistral-tiny
+    qwen2     LlamaConfig    Llama        qwen2                    qwen2.5-0.5b, qwen2-tiny
+    qwen3     LlamaConfig    Llama        qwen3                    qwen3-0.6b, qwen3-tiny
+    phi3      LlamaConfig    Llama        phi3                     phi-3-mini-4k, phi3-tiny
     mixtral   MixtralConfig  Mixtral      mixtral                  mixtral-8x7b, mixtral-tiny
     bert      BertConfig     Bert         bert                     bert-base-uncased, bert-tiny
     seq2seq   Seq2SeqConfig  Seq2Seq      - (torch.nn.Transformer) seq2seq-tiny, seq2seq-digits,
@@ -70,9 +73,10 @@ from ..text.tokenizers import ByteTokenizer
 from .accounting import (TORCH_TRANSFORMER, bert_hf_config, count_bert, count_bert_hf,
                          count_gemma, count_gemma_hf, count_gpt, count_gpt2_hf, count_llama,
                          count_llama_hf, count_mixtral, count_mixtral_hf, count_neox,
-                         count_neox_hf, count_seq2seq, count_torch_transformer,
-                         gemma_hf_config, gpt2_hf_config, llama_hf_config, mixtral_hf_config,
-                         neox_hf_config,
+                         count_neox_hf, count_phi3_hf, count_qwen2_hf, count_qwen3_hf,
+                         count_seq2seq, count_torch_transformer, gemma_hf_config,
+                         gpt2_hf_config, llama_hf_config, mixtral_hf_config, neox_hf_config,
+                         phi3_hf_config, qwen2_hf_config, qwen3_hf_config,
                          torch_transformer_config)
 from .bert import Bert, BertConfig
 from .cbow import CBOW
@@ -348,6 +352,17 @@ register_family(Family(
     "Gemma2's sandwich norms, soft caps and alternating sliding window", Gemma, GemmaConfig,
     NextTokenLoss, hf_model_types=("gemma", "gemma2"), count=count_gemma,
     count_hf=count_gemma_hf, hf_config=gemma_hf_config))
+# the Llama-shaped Hugging Face families: numpy_tf's Llama with the options each one sets
+for _name, _summary, _count_hf, _hf_config in [
+        ("qwen2", "Qwen2: Llama with q, k and v biases (o_proj without)", count_qwen2_hf,
+         qwen2_hf_config),
+        ("qwen3", "Qwen3: Llama with an RMSNorm per query and key head before RoPE",
+         count_qwen3_hf, qwen3_hf_config),
+        ("phi3", "Phi-3: Llama with fused qkv_proj and gate_up_proj checkpoints", count_phi3_hf,
+         phi3_hf_config)]:
+    register_family(Family(_name, _summary, Llama, LlamaConfig, NextTokenLoss,
+                           hf_model_types=(_name,), count=count_llama, count_hf=_count_hf,
+                           hf_config=_hf_config))
 
 for _preset in [
     Preset("gpt2", "gpt", GPTConfig.gpt2(), "GPT-2 124M (Hugging Face gpt2)",
@@ -364,6 +379,8 @@ for _preset in [
            "(HuggingFaceTB/SmolLM2-135M)", aliases=("smollm2",), hf=True),
     Preset("llama-2-7b", "llama", LlamaConfig.llama2_7b(), "Llama-2-7B's shape "
            "(meta-llama/Llama-2-7b-hf)", hf=True),
+    Preset("llama-3.2-1b", "llama", LlamaConfig.llama3_2_1b(), "Llama-3.2-1B's shape, with "
+           "its llama3 RoPE scaling (meta-llama/Llama-3.2-1B)", hf=True),
     Preset("llama-tiny", "llama", LlamaConfig(num_key_value_heads=2),
            "a toy Llama with two key/value heads for four query heads"),
     Preset("pythia-160m", "neox", NeoXConfig.pythia_160m(), "Pythia-160M's shape "
@@ -392,6 +409,19 @@ for _preset in [
         sliding_window=3, layer_types=("sliding_attention", "full_attention",
                                        "sliding_attention")),
         "a toy Gemma2: sandwich norms, soft caps, a window of 3 on layers 0 and 2"),
+    Preset("qwen2.5-0.5b", "qwen2", LlamaConfig.qwen2_5_0_5b(), "Qwen2.5-0.5B's shape "
+           "(Qwen/Qwen2.5-0.5B)", hf=True),
+    Preset("qwen2-tiny", "qwen2", LlamaConfig(num_key_value_heads=2, attention_bias=True,
+                                              attention_output_bias=False),
+           "a toy Qwen2: q, k and v biases, two key/value heads for four query heads"),
+    Preset("qwen3-0.6b", "qwen3", LlamaConfig.qwen3_0_6b(), "Qwen3-0.6B's shape "
+           "(Qwen/Qwen3-0.6B)", hf=True),
+    Preset("qwen3-tiny", "qwen3", LlamaConfig(num_key_value_heads=2, head_dim=6, qk_norm=True),
+           "a toy Qwen3: q_norm and k_norm, head_dim 6 for hidden 16 and 4 heads"),
+    Preset("phi-3-mini-4k", "phi3", LlamaConfig.phi3_mini_4k(), "Phi-3-mini-4k's shape "
+           "(microsoft/Phi-3-mini-4k-instruct)", hf=True),
+    Preset("phi3-tiny", "phi3", LlamaConfig(num_key_value_heads=2, rms_norm_eps=1e-5),
+           "a toy Phi-3 (its checkpoints fuse qkv_proj and gate_up_proj)"),
     Preset("bert-base-uncased", "bert", BertConfig(
         vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
         intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2),
