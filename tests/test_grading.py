@@ -129,8 +129,8 @@ def log_softmax_backward(dout, cache):              # changes its input
     return dout.copy()
 
 def embedding_backward(dout, cache):                # right, then clears the ids it was given
-    ids, vocab, padding_idx = cache
-    dweight = np.zeros((vocab, dout.shape[-1]), dtype=dout.dtype)
+    ids, vocab, padding_idx, dim, dtype = cache
+    dweight = np.zeros((vocab, dim), dtype=dtype)
     np.add.at(dweight, ids.reshape(-1), dout.reshape(-1, dout.shape[-1]))
     if padding_idx is not None:
         dweight[padding_idx] = 0.0

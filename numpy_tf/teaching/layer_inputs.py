@@ -105,9 +105,10 @@ def rope(g, shape, dtype, interleaved=False, per_batch=False, offset=0, base=100
             "interleaved": interleaved}
 
 
-def partial_rope(g, shape, dtype, rotary_dim=None, interleaved=False, per_batch=False):
+def partial_rope(g, shape, dtype, rotary_dim=None, interleaved=False, per_batch=False,
+                 offset=0, base=10000.0):
     """RoPE's inputs and rotary_dim (default: an even half of D, at least 2)."""
-    inputs = rope(g, shape, dtype, interleaved, per_batch)
+    inputs = rope(g, shape, dtype, interleaved, per_batch, offset, base)
     inputs["rotary_dim"] = max(2, shape[-1] // 4 * 2) if rotary_dim is None else rotary_dim
     return inputs
 
@@ -146,10 +147,11 @@ def moe(g, shape, dtype, experts=4, top_k=2, hidden=3):
             "down_weights": normal(g, (experts, width, hidden), dtype), "top_k": top_k}
 
 
-def load_balancing_loss(g, shape, dtype, top_k=2, padded=False):
-    """Router logits (L, N, E), redrawn until every row's top-k lead by 0.01 (as moe)."""
+def load_balancing_loss(g, shape, dtype, top_k=2, padded=False, scale=1.0):
+    """Router logits (L, N, E) of standard deviation 2 `scale`, redrawn until every row's
+    top-k lead by 0.01 (as moe)."""
     while True:
-        logits = g.standard_normal(shape) * 2.0
+        logits = g.standard_normal(shape) * (2.0 * scale)
         if min(_top_k_margin(z, top_k) for z in logits) >= 0.01:
             break
     padding = np.arange(shape[1]) % 3 == 2 if padded else None

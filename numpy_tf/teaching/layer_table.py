@@ -319,6 +319,13 @@ GRIDS: dict[str, tuple[tuple, dict]] = {
     "sinusoidal_positions": ((2, 3, 4), {"offset": (0, 7)}),
     "rope": ((2, 2, 3, 4), {"interleaved": (False, True), "base": (10000.0, 100.0),
                             "per_batch": (False, True), "offset": (0, 50)}),
+    "softcap": ((3, 5), {"cap": (0.5, 2.0, 50.0), "scale": (1.0, 30.0, 500.0)}),
+    "partial_rope": ((2, 2, 3, 8), {"rotary_dim": (2, 4, 8), "interleaved": (False, True),
+                                    "per_batch": (False, True), "offset": (0, 50),
+                                    "base": (10000.0, 100.0)}),
+    "moe": ((2, 3, 4), {"top_k": (1, 2, 4), "hidden": (1, 3)}),
+    "load_balancing_loss": ((3, 5, 4), {"top_k": (1, 2, 4), "padded": (False, True),
+                                        "scale": (1.0, 1000.0)}),
     "swiglu_gate": ((3, 4), {"scale": (1.0, 20.0, 500.0)}),
     "swiglu": ((2, 3, 4), {"bias": (False, ("gate",), ("up",), ("down",), True),
                            "hidden": (1, 6)}),
@@ -330,7 +337,9 @@ def grading_cases(spec: LayerSpec) -> tuple[EdgeCase, ...]:
     """The named edge cases, then every combination of GRIDS[spec.name] (named by their
     options; checked against numpy_tf's backward, which finite differences check on the
     named cases)."""
-    shape, grid = GRIDS.get(spec.name, (None, {}))
+    if spec.name not in GRIDS:
+        return spec.cases
+    shape, grid = GRIDS[spec.name]
     combinations = []
     for values in itertools.product(*grid.values()):
         options = dict(zip(grid, values))
