@@ -79,7 +79,8 @@ def flash_attention(g, shape, dtype, block_q=64, block_k=64, tiles=None, **optio
 
 
 def row_norm(g, shape, dtype, weight=True, bias=True, special_rows=False, eps=1e-5,
-              rms=False):
+              rms=False, unit_offset=False):
+    """LayerNorm's inputs, or RMSNorm's (`rms`; with `unit_offset`, Gemma's 1 + w scale)."""
     x = g.standard_normal(shape)
     if special_rows:                # RMSNorm: rows of zeros; LayerNorm: rows of nearly one value
         x.reshape(-1, shape[-1])[0] = 0.0 if rms else 0.7 + 1e-7 * g.standard_normal(shape[-1])
@@ -89,7 +90,8 @@ def row_norm(g, shape, dtype, weight=True, bias=True, special_rows=False, eps=1e
               if weight else None}
     if not rms:
         inputs["bias"] = normal(g, shape[-1:], dtype) if bias else None
-    return {**inputs, "eps": eps}
+        return {**inputs, "eps": eps}
+    return {**inputs, "eps": eps, "unit_offset": unit_offset}
 
 
 def learned_positions(g, shape, dtype, max_context=6, offset=0):
@@ -113,7 +115,7 @@ def partial_rope(g, shape, dtype, rotary_dim=None, interleaved=False, per_batch=
     return inputs
 
 
-def swiglu(g, shape, dtype, hidden=6, bias=False):
+def swiglu(g, shape, dtype, hidden=6, bias=False, activation="silu"):
     """`bias`: True (all three), False (none), or the ones to have, e.g. ("down",)."""
     width = shape[-1]
     inputs = {"x": normal(g, shape, dtype), "gate_weight": normal(g, (hidden, width), dtype),
@@ -122,7 +124,7 @@ def swiglu(g, shape, dtype, hidden=6, bias=False):
     for name, size in (("gate_bias", hidden), ("up_bias", hidden), ("down_bias", width)):
         wanted = bias if isinstance(bias, bool) else name[:-len("_bias")] in bias
         inputs[name] = normal(g, (size,), dtype) if wanted else None
-    return inputs
+    return {**inputs, "activation": activation}
 
 
 def _top_k_margin(logits, top_k) -> float:
@@ -165,5 +167,6 @@ def cbow(g, shape, dtype, vocab=7, dim=3, repeated=False):
     return {"contexts": contexts, "weight": normal(g, (vocab, dim), dtype)}
 
 
-def gate(g, shape, dtype, scale=1.0):
-    return {"gate": normal(g, shape, dtype, scale), "up": normal(g, shape, dtype)}
+def gate(g, shape, dtype, scale=1.0, activation="silu"):
+    return {"gate": normal(g, shape, dtype, scale), "up": normal(g, shape, dtype),
+            "activation": activation}
