@@ -47,8 +47,8 @@ def linear_backward(dout, cache):                   # delegation under another n
 
 
 def embedding_backward(dout, cache):                # delegation to the kernel
-    ids, vocab, padding_idx = cache
-    dweight = np.zeros((vocab, dout.shape[-1]), dtype=dout.dtype)
+    ids, vocab, padding_idx, dim, dtype = cache
+    dweight = np.zeros((vocab, dim), dtype=dtype)
     embedding_backward_into(dweight, dout, ids, padding_idx)
     return dweight
 

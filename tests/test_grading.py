@@ -76,6 +76,36 @@ def test_the_skeleton_reads_as_homework():
         assignment(["conv"])
 
 
+def test_the_skeleton_gives_the_check_a_backward_opens_with_and_the_caches_as_they_are(tmp_path):
+    from numpy_tf.layers.embedding import EmbeddingCache
+    skeleton = assignment(["embedding", "softcap"], "hw.py")
+    tree = ast.parse(skeleton)
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    # embedding_backward opens with numpy_tf's check: given, then the exercise
+    check, stop = functions["embedding_backward"].body[1:]
+    assert ast.unparse(check) == "validate.backward_inputs(dout, cache, EmbeddingCache)"
+    assert isinstance(stop, ast.Raise)
+    assert "from numpy_tf.core import validate" in skeleton
+    # softcap_backward opens otherwise: nothing but the exercise
+    assert [type(node) for node in functions["softcap_backward"].body[1:]] == [ast.Raise]
+    fields = [node.target.id for node in classes["EmbeddingCache"].body
+              if isinstance(node, ast.AnnAssign)]
+    assert fields == list(EmbeddingCache._fields)
+    # a student's backward that keeps the check is the student's own, not numpy_tf's
+    path = write(tmp_path, skeleton.replace(
+        'raise NotImplementedError("embedding_backward: derive it, then write it")',
+        "ids, vocab, padding_idx, dim, dtype = cache\n"
+        "    dweight = np.zeros((vocab, dim), dtype=dtype)\n"
+        "    np.add.at(dweight, ids.reshape(-1), dout.reshape(-1, dim))\n"
+        "    if padding_idx is not None:\n"
+        "        dweight[padding_idx] = 0.0\n"
+        "    return dweight"))
+    embedding = grade(path).functions[0]
+    assert embedding.function == "embedding_backward"
+    assert embedding.passed and embedding.flag is None, embedding.verdict()
+
+
 def test_a_correct_derivation_of_another_shape_passes(tmp_path):
     """The step-by-step LayerNorm backward (through dvar and dmean) is not numpy_tf's closed
     form, and is right: it passes, rows of near-zero variance included."""
@@ -129,8 +159,8 @@ def log_softmax_backward(dout, cache):              # changes its input
     return dout.copy()
 
 def embedding_backward(dout, cache):                # right, then clears the ids it was given
-    ids, vocab, padding_idx = cache
-    dweight = np.zeros((vocab, dout.shape[-1]), dtype=dout.dtype)
+    ids, vocab, padding_idx, dim, dtype = cache
+    dweight = np.zeros((vocab, dim), dtype=dtype)
     np.add.at(dweight, ids.reshape(-1), dout.reshape(-1, dout.shape[-1]))
     if padding_idx is not None:
         dweight[padding_idx] = 0.0

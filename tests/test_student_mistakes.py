@@ -2,7 +2,7 @@
 in, at least two per layer, each losing points, while the correct homework keeps them all.
 
 Each mistake is numpy_tf's own code with one idea wrong (written into the assignment skeleton
-of all 19 layers, solved): a line of a backward, or of the forward that makes its cache. The
+of every layer, solved): a line of a backward, or of the forward that makes its cache. The
 k-th mistake of every layer goes into round k, one file per round, and the folder of the
 correct file and the three rounds is graded as a teacher would (grade_folder, one process per
 file, a CSV gradebook)."""
@@ -158,17 +158,45 @@ MISTAKES = {
     ],
     "swiglu_gate": [
         ("swiglu_gate_backward", "silu's derivative left out of dgate",
-         [("return silu_backward(dhidden * up, silu_cache), dhidden * activated",
-           "return dhidden * up, dhidden * activated")]),
+         [("dgate = silu_backward(dhidden * up, act_cache)", "dgate = dhidden * up")]),
         ("swiglu_gate_backward", "sigma(g) used as silu's derivative",
-         [("return silu_backward(dhidden * up, silu_cache), dhidden * activated",
-           "return dhidden * up * silu_cache.sigmoid, dhidden * activated")]),
+         [("dgate = silu_backward(dhidden * up, act_cache)",
+           "dgate = dhidden * up * act_cache.sigmoid")]),
     ],
     "swiglu": [
         ("swiglu_backward", "dx from the gate path only",
          [("return dx_gate + dx_up, dgate, dup", "return dx_gate, dgate, dup")]),
         ("swiglu_backward", "dgate_weight and dup_weight returned in each other's place",
          [("return dx_gate + dx_up, dgate, dup", "return dx_gate + dx_up, dup, dgate")]),
+    ],
+    "softcap": [
+        ("softcap_backward", "tanh's derivative taken as 1 - tanh, not 1 - tanh^2",
+         [("return dout * (1.0 - t * t)", "return dout * (1.0 - t)")]),
+        ("softcap_backward", "a sign slip: 1 + tanh^2",
+         [("return dout * (1.0 - t * t)", "return dout * (1.0 + t * t)")]),
+    ],
+    "partial_rope": [
+        ("partial_rope_backward", "the features that pass through get no gradient",
+         [("np.concatenate([drotated, dout[..., rotary_dim:]], axis=-1)",
+           "np.concatenate([drotated, np.zeros_like(dout[..., rotary_dim:])], axis=-1)")]),
+        ("partial_rope_backward", "the rotated and the passed-through parts in swapped places",
+         [("np.concatenate([drotated, dout[..., rotary_dim:]], axis=-1)",
+           "np.concatenate([dout[..., rotary_dim:], drotated], axis=-1)")]),
+    ],
+    "moe": [
+        ("moe_backward", "dx without the router's part",
+         [("return (dtokens + drouter_x).reshape(cache.shape)",
+           "return dtokens.reshape(cache.shape)")]),
+        ("moe_backward", "the renormalization of the top-k weights left out (dq = dw)",
+         [("dtop = (dweights - (dweights * cache.weights).sum(axis=-1, keepdims=True)) / sums",
+           "dtop = dweights")]),
+    ],
+    "load_balancing_loss": [
+        ("load_balancing_loss_backward", "the factor E forgotten",
+         [("scale = float(dloss) * experts / cache.rows", "scale = float(dloss) / cache.rows")]),
+        ("load_balancing_loss_backward", "padding rows get a gradient too",
+         [("dprobs = (scale * cache.fractions)[None, :] * cache.keep[:, None]",
+           "dprobs = np.tile(scale * cache.fractions, (cache.keep.shape[0], 1))")]),
     ],
     "cbow": [
         ("cbow_backward", "the mean's 1 / 2c forgotten",

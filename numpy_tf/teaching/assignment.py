@@ -4,10 +4,13 @@
 
 For each requested layer the skeleton holds, taken from numpy_tf's family file with
 inspect/ast: the cache NamedTuple, the forward (complete), and the backward's signature with a
-docstring reduced to the definitions (the derivation is the exercise) and a body that raises
-NotImplementedError. It is self-contained: the helpers of the layer's own family file that the
-forward or numpy_tf's backward use are copied in (so a student has the same tools); names from
-other numpy_tf modules, and the functions of layers not requested, are imported from numpy_tf.
+docstring reduced to the definitions (the derivation is the exercise), the line numpy_tf's
+backward opens with given as it is (`validate.backward_inputs(dout, cache, <Layer>Cache)`: the
+cache is the forward's, dout has the output's shape and dtype; so a student's backward refuses
+bad input as numpy_tf's does), then a body that raises NotImplementedError. It is
+self-contained: the helpers of the layer's own family file that the forward or numpy_tf's
+backward use are copied in (so a student has the same tools); names from other numpy_tf
+modules, and the functions of layers not requested, are imported from numpy_tf.
 `numpy-tf grade homework.py` grades it (numpy_tf.grading).
 """
 from __future__ import annotations
@@ -67,15 +70,33 @@ def _names(source: str) -> set[str]:
     return {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
 
 
+def _opening_check(function: ast.FunctionDef, lines: list[str]) -> list[str]:
+    """The `validate.backward_inputs(dout, cache, ...)` line that opens numpy_tf's backward
+    (right after its docstring), as given code with a comment; [] if it opens otherwise."""
+    if len(function.body) < 2:
+        return []
+    first = function.body[1]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and
+            isinstance(first.value.func, ast.Attribute) and
+            first.value.func.attr == "backward_inputs"):
+        return []
+    indent = lines[first.lineno - 1][:first.col_offset]
+    return [f"{indent}# given: numpy_tf's check of the cache's kind and dout's shape and dtype",
+            *lines[first.lineno - 1:first.end_lineno]]
+
+
 def _stub(spec: LayerSpec, source: str) -> str:
-    """The backward's signature, its definitions as the docstring, NotImplementedError."""
+    """The backward's signature, its definitions as the docstring, the check of its inputs
+    numpy_tf's backward opens with (if it does), NotImplementedError."""
     function = ast.parse(source).body[0]
-    signature = source.splitlines()[:function.body[0].lineno - 1]
+    lines = source.splitlines()
+    signature = lines[:function.body[0].lineno - 1]
+    check = "".join(line + "\n" for line in _opening_check(function, lines))
     docstring = "\n".join(("    " + line).rstrip() for line in [
         *spec.definitions.splitlines(), "",
         "Derive each gradient from these definitions (write the steps here), then code it.",
         "The cache holds what the forward saved for you."])
-    return "\n".join(signature) + f'\n    """{docstring.lstrip()}\n    """\n' \
+    return "\n".join(signature) + f'\n    """{docstring.lstrip()}\n    """\n{check}' \
         f'    raise NotImplementedError("{spec.name}_backward: derive it, then write it")'
 
 

@@ -79,7 +79,8 @@ def flash_attention(g, shape, dtype, block_q=64, block_k=64, tiles=None, **optio
 
 
 def row_norm(g, shape, dtype, weight=True, bias=True, special_rows=False, eps=1e-5,
-              rms=False):
+              rms=False, unit_offset=False):
+    """LayerNorm's inputs, or RMSNorm's (`rms`; with `unit_offset`, Gemma's 1 + w scale)."""
     x = g.standard_normal(shape)
     if special_rows:                # RMSNorm: rows of zeros; LayerNorm: rows of nearly one value
         x.reshape(-1, shape[-1])[0] = 0.0 if rms else 0.7 + 1e-7 * g.standard_normal(shape[-1])
@@ -89,7 +90,8 @@ def row_norm(g, shape, dtype, weight=True, bias=True, special_rows=False, eps=1e
               if weight else None}
     if not rms:
         inputs["bias"] = normal(g, shape[-1:], dtype) if bias else None
-    return {**inputs, "eps": eps}
+        return {**inputs, "eps": eps}
+    return {**inputs, "eps": eps, "unit_offset": unit_offset}
 
 
 def learned_positions(g, shape, dtype, max_context=6, offset=0):
@@ -105,14 +107,15 @@ def rope(g, shape, dtype, interleaved=False, per_batch=False, offset=0, base=100
             "interleaved": interleaved}
 
 
-def partial_rope(g, shape, dtype, rotary_dim=None, interleaved=False, per_batch=False):
+def partial_rope(g, shape, dtype, rotary_dim=None, interleaved=False, per_batch=False,
+                 offset=0, base=10000.0):
     """RoPE's inputs and rotary_dim (default: an even half of D, at least 2)."""
-    inputs = rope(g, shape, dtype, interleaved, per_batch)
+    inputs = rope(g, shape, dtype, interleaved, per_batch, offset, base)
     inputs["rotary_dim"] = max(2, shape[-1] // 4 * 2) if rotary_dim is None else rotary_dim
     return inputs
 
 
-def swiglu(g, shape, dtype, hidden=6, bias=False):
+def swiglu(g, shape, dtype, hidden=6, bias=False, activation="silu"):
     """`bias`: True (all three), False (none), or the ones to have, e.g. ("down",)."""
     width = shape[-1]
     inputs = {"x": normal(g, shape, dtype), "gate_weight": normal(g, (hidden, width), dtype),
@@ -121,7 +124,7 @@ def swiglu(g, shape, dtype, hidden=6, bias=False):
     for name, size in (("gate_bias", hidden), ("up_bias", hidden), ("down_bias", width)):
         wanted = bias if isinstance(bias, bool) else name[:-len("_bias")] in bias
         inputs[name] = normal(g, (size,), dtype) if wanted else None
-    return inputs
+    return {**inputs, "activation": activation}
 
 
 def _top_k_margin(logits, top_k) -> float:
@@ -146,10 +149,11 @@ def moe(g, shape, dtype, experts=4, top_k=2, hidden=3):
             "down_weights": normal(g, (experts, width, hidden), dtype), "top_k": top_k}
 
 
-def load_balancing_loss(g, shape, dtype, top_k=2, padded=False):
-    """Router logits (L, N, E), redrawn until every row's top-k lead by 0.01 (as moe)."""
+def load_balancing_loss(g, shape, dtype, top_k=2, padded=False, scale=1.0):
+    """Router logits (L, N, E) of standard deviation 2 `scale`, redrawn until every row's
+    top-k lead by 0.01 (as moe)."""
     while True:
-        logits = g.standard_normal(shape) * 2.0
+        logits = g.standard_normal(shape) * (2.0 * scale)
         if min(_top_k_margin(z, top_k) for z in logits) >= 0.01:
             break
     padding = np.arange(shape[1]) % 3 == 2 if padded else None
@@ -163,5 +167,6 @@ def cbow(g, shape, dtype, vocab=7, dim=3, repeated=False):
     return {"contexts": contexts, "weight": normal(g, (vocab, dim), dtype)}
 
 
-def gate(g, shape, dtype, scale=1.0):
-    return {"gate": normal(g, shape, dtype, scale), "up": normal(g, shape, dtype)}
+def gate(g, shape, dtype, scale=1.0, activation="silu"):
+    return {"gate": normal(g, shape, dtype, scale), "up": normal(g, shape, dtype),
+            "activation": activation}

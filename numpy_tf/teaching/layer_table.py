@@ -210,9 +210,11 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
                _case("rows of zeros", (2, 2, 4), rms=True, special_rows=True, eps=1e-6),
                _case("no weight", (2, 4), rms=True, weight=False, eps=1e-5),
                _case("C=1", (3, 1), rms=True, eps=1e-6), _case("T=1", (1, 1, 3), rms=True,
-                                                               eps=1e-6)),
+                                                               eps=1e-6),
+               _case("Gemma's unit offset (scale 1 + w)", (2, 3, 5), rms=True, eps=1e-6,
+                     unit_offset=True)),
               "Over the last axis: inv_rms = ((1/C) sum_j x_j^2 + eps)^(-1/2),\n"
-              "x_hat_i = x_i inv_rms, out_i = w_i x_hat_i.\n"
+              "x_hat_i = x_i inv_rms, out_i = w_i x_hat_i (unit_offset: (1 + w_i) x_hat_i).\n"
               "Return (dx, dweight); dweight is None without a weight."),
     LayerSpec("learned_positions", positions, positions.LearnedPositionsCache, ("x", "weight"),
               draw.learned_positions, "x (B, T, C)",
@@ -247,14 +249,19 @@ LAYERS: dict[str, LayerSpec] = {spec.name: spec for spec in [
     LayerSpec("swiglu_gate", mlp, mlp.GateCache, ("gate", "up"), draw.gate,
               "gate (..., F)",
               (_case("(2, 3, 4)", (2, 3, 4)), _case("large gate values", (3, 4), scale=20.0),
-               _case("one element", (1,))),
-              "h = silu(g) * u elementwise. Return (dgate, dup), shaped like g and u."),
+               _case("one element", (1,)),
+               _case("GeGLU: the tanh GELU as the gate", (2, 3, 4), activation="gelu_tanh")),
+              "h = act(g) * u elementwise, act(g) = silu(g) = g sigma(g) (activation='silu')\n"
+              "or the tanh GELU (activation='gelu_tanh'): g (1 + tanh(u)) / 2,\n"
+              "u = sqrt(2/pi) (g + 0.044715 g^3). Return (dgate, dup), shaped like g and u."),
     LayerSpec("swiglu", mlp, mlp.SwiGLUCache,
               ("x", "gate_weight", "up_weight", "down_weight", "gate_bias", "up_bias",
                "down_bias"), draw.swiglu, "x (..., C)",
               (_case("x (2, 3, 4), F = 6", (2, 3, 4)), _case("with biases", (2, 3, 4), bias=True),
-               _case("T=1", (1, 1, 3)), _case("hidden width 1", (2, 3), hidden=1)),
-              "y = W_down (silu(W_gate x + b_gate) * (W_up x + b_up)) + b_down;\n"
+               _case("T=1", (1, 1, 3)), _case("hidden width 1", (2, 3), hidden=1),
+               _case("GeGLU (the tanh GELU gate)", (2, 3, 4), activation="gelu_tanh")),
+              "y = W_down (act(W_gate x + b_gate) * (W_up x + b_up)) + b_down, act = silu\n"
+              "(activation='silu') or the tanh GELU ('gelu_tanh');\n"
               "W_gate, W_up (F, C), W_down (C, F), optional biases (F,), (F,), (C,).\n"
               "Return (dx, dgate_weight, dup_weight, ddown_weight, dgate_bias, dup_bias,\n"
               "ddown_bias); a bias gradient is None where the forward had no bias."),
@@ -314,14 +321,22 @@ GRIDS: dict[str, tuple[tuple, dict]] = {
     "layernorm": ((2, 3, 5), {"weight": (True, False), "bias": (True, False),
                               "eps": (1e-5, 0.1), "special_rows": (False, True)}),
     "rmsnorm": ((2, 3, 4), {"weight": (True, False), "eps": (1e-5, 1e-6, 0.1),
-                            "special_rows": (False, True), "rms": (True,)}),
+                            "special_rows": (False, True), "unit_offset": (False, True),
+                            "rms": (True,)}),
     "learned_positions": ((2, 3, 4), {"offset": (0, 1, 3)}),
     "sinusoidal_positions": ((2, 3, 4), {"offset": (0, 7)}),
     "rope": ((2, 2, 3, 4), {"interleaved": (False, True), "base": (10000.0, 100.0),
                             "per_batch": (False, True), "offset": (0, 50)}),
-    "swiglu_gate": ((3, 4), {"scale": (1.0, 20.0, 500.0)}),
+    "softcap": ((3, 5), {"cap": (0.5, 2.0, 50.0), "scale": (1.0, 30.0, 500.0)}),
+    "partial_rope": ((2, 2, 3, 8), {"rotary_dim": (2, 4, 8), "interleaved": (False, True),
+                                    "per_batch": (False, True), "offset": (0, 50),
+                                    "base": (10000.0, 100.0)}),
+    "moe": ((2, 3, 4), {"top_k": (1, 2, 4), "hidden": (1, 3)}),
+    "load_balancing_loss": ((3, 5, 4), {"top_k": (1, 2, 4), "padded": (False, True),
+                                        "scale": (1.0, 1000.0)}),
+    "swiglu_gate": ((3, 4), {"scale": (1.0, 20.0, 500.0), "activation": ("silu", "gelu_tanh")}),
     "swiglu": ((2, 3, 4), {"bias": (False, ("gate",), ("up",), ("down",), True),
-                           "hidden": (1, 6)}),
+                           "hidden": (1, 6), "activation": ("silu", "gelu_tanh")}),
     "cbow": ((4, 4), {"repeated": (False, True)}),
 }
 
@@ -330,7 +345,9 @@ def grading_cases(spec: LayerSpec) -> tuple[EdgeCase, ...]:
     """The named edge cases, then every combination of GRIDS[spec.name] (named by their
     options; checked against numpy_tf's backward, which finite differences check on the
     named cases)."""
-    shape, grid = GRIDS.get(spec.name, (None, {}))
+    if spec.name not in GRIDS:
+        return spec.cases
+    shape, grid = GRIDS[spec.name]
     combinations = []
     for values in itertools.product(*grid.values()):
         options = dict(zip(grid, values))
