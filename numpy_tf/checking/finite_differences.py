@@ -31,6 +31,7 @@ unchanged and never differentiated.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import asdict, dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -305,7 +306,7 @@ class _Downstream:
                 self.held.setdefault(id(parameter), set()).add(id(module))
         self.holding: set[int] = {id(m) for m in self.modules}   # hold the perturbed tensor
         self.compared: set[int] = set()     # not holding it, inputs not yet seen to differ
-        self.parameter = False              # a Parameter is perturbed (not an input)
+        self.direct: set[int] = set()       # hold it as an attribute of their own
         self.recording = True
 
     def perturbing(self, name: str) -> None:
@@ -315,34 +316,42 @@ class _Downstream:
         everything = {id(m) for m in self.modules}
         self.holding = everything if parameter is None else self.held.get(id(parameter), set())
         self.compared = everything - self.holding
-        self.parameter = parameter is not None
+        self.direct = set() if parameter is None else {    # the modules it is an attribute of
+            id(m) for m in self.modules if any(v is parameter for v in vars(m).values())}
 
     def _wrap(self, module: Module):
         # the class's own forward, under core's activation-recording wrapper (no recorder is
         # active during a check, and the wrapper's call counts at these sizes)
         method = type(module).forward
         forward, key = getattr(method, "__wrapped__", method).__get__(module), id(module)
-        records = self.recorded[key]
+        records = self.recorded[key]    # (inputs, keyword names, result, holds a Generator?)
 
         def replayed(*args, **kwargs):
             if self.recording:
                 result = forward(*args, **kwargs)
                 if isinstance(result, tuple) and result and isinstance(result[0], np.ndarray):
                     result[0].flags.writeable = False
-                records.append((args + tuple(kwargs.values()), tuple(kwargs), result))
+                given = args + tuple(kwargs.values())
+                records.append((given, tuple(kwargs), result, any(
+                    isinstance(a, np.random.Generator) for a in given)))
                 return result
-            given, names = args + tuple(kwargs.values()), tuple(kwargs)
+            given = args + tuple(kwargs.values()) if kwargs else args
             if key not in self.holding:
-                for inputs, recorded_names, result in records:
-                    if names == recorded_names and _same_arguments(given, inputs, key in
-                                                                   self.compared):
-                        return result
-                self.compared.discard(key)      # downstream: recompute, no more comparing
+                names = tuple(kwargs)
+                for inputs, recorded_names, result, generator in records:
+                    if not generator and len(given) == len(inputs) and \
+                            all(map(operator.is_, given, inputs)) and names == recorded_names:
+                        return result                   # the recorded arrays themselves
+                if key in self.compared:
+                    for inputs, recorded_names, result, _ in records:
+                        if names == recorded_names and _same_arguments(given, inputs):
+                            return result
+                    self.compared.discard(key)  # downstream: recompute, no more comparing
                 return forward(*args, **kwargs)
             result = forward(*args, **kwargs)
-            if self.parameter and isinstance(result, tuple) and result and \
+            if key in self.direct and isinstance(result, tuple) and result and \
                     isinstance(result[0], np.ndarray):
-                for _, _, recorded in records:
+                for _, _, recorded, _ in records:
                     if _same_arguments((result[0],), (recorded[0],)):
                         return recorded             # the perturbation did not reach the output
             return result
