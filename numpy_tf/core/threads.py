@@ -7,9 +7,9 @@ map_blocks's worker threads in the elementwise kernels. `use_threads(n)` sets bo
   on each call);
 - the BLAS, through threadpoolctl (optional: `pip install threadpoolctl`, or the [bench]
   extra), which changes the count of an already loaded BLAS. Without threadpoolctl the BLAS
-  keeps the count it read when NumPy loaded it, from OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS (all
-  cores when none is set): a process cannot change it afterwards, so set those variables before
-  starting Python (`OPENBLAS_NUM_THREADS=1 numpy-tf train ...`).
+  keeps the count it read when NumPy loaded it, from OPENBLAS_NUM_THREADS / OMP_NUM_THREADS /
+  MKL_NUM_THREADS (all cores when none is set): a process cannot change it afterwards, so set
+  those variables before starting Python (`OPENBLAS_NUM_THREADS=1 numpy-tf train ...`).
 
 With no count given, `use_threads()` keeps what the environment chose (NUMPY_TF_NUM_THREADS for
 the blocks, the BLAS variables for the BLAS) and sets the rest to `default_threads`: never more
