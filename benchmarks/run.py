@@ -32,6 +32,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 def run_worker(task: str, threads: int, options: list[str], extra_env: dict | None = None) -> dict:
     environment = dict(os.environ)
     environment.update({name: str(threads) for name in THREAD_VARIABLES})
+    environment.setdefault("NUMPY_TF_NUM_THREADS", str(threads))   # numpy_tf's own blocks
     environment.update(extra_env or {})
     environment["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
@@ -196,11 +197,25 @@ def update_docs(table: str, path: Path | None = None) -> None:
     path.write_text(text[:start] + "\n" + table + text[end:])
 
 
+def thread_counts(text: str) -> list[int]:
+    """--threads 1,2: positive integers; anything else is a usage error, one line on stderr and
+    exit status 2."""
+    counts = [t.strip() for t in text.split(",")]
+    if not all(t.isdigit() and int(t) > 0 for t in counts):
+        print(f"python -m benchmarks: --threads must be positive integers separated by commas "
+              f"(1,2); got {text!r}", file=sys.stderr)
+        raise SystemExit(2)
+    return [int(t) for t in counts]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--sizes", default="tiny,small,medium,large")
     parser.add_argument("--dtypes", default="float32,float64")
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--threads", default="1,2", metavar="N[,N...]",
+                        help="the thread counts to time, each for NumPy's BLAS, torch and "
+                             "numpy_tf's blocks alike (default 1,2; NUMPY_TF_NUM_THREADS, "
+                             "if set, fixes numpy_tf's blocks instead)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed runs per measurement and process (default: by size)")
     parser.add_argument("--rounds", type=int, default=2,
@@ -222,7 +237,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.docs:
         table_span(DOCS)                # a page without its markers fails now, not after the run
-    threads = [int(t) for t in args.threads.split(",")]
+    threads = thread_counts(args.threads)
     extra_env = {}
     for setting in args.env:
         name, equals, value = setting.partition("=")

@@ -48,7 +48,7 @@ def pin_threads(threads: int, with_torch: bool = True) -> dict:
             "cpu_count": os.cpu_count(),
             "environment": {name: os.environ.get(name) for name in (
                 "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
-                "OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+                "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMPY_TF_NUM_THREADS")}}
     if with_torch:
         import torch
 

@@ -6,11 +6,14 @@ fast; "dev" draws more examples with fresh randomness. Choose with HYPOTHESIS_PR
 The BLAS runs on one thread unless the environment says otherwise: the tests' matrices are
 small, and OpenBLAS's second thread, spinning after each product, made them about ten times
 slower on a loaded 2-core machine (20 training steps of a small GPT: 2.3 s on 2 threads, 0.2 s
-on 1). Set before NumPy is first imported, which is when OpenBLAS reads it.
+on 1). Set before NumPy is first imported, which is when OpenBLAS reads it. numpy_tf's own
+blocks run on one thread too (NUMPY_TF_NUM_THREADS), so that a command run in the test process
+(`numpy-tf train` without --threads) keeps both settings instead of choosing by the load.
 """
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("NUMPY_TF_NUM_THREADS", "1")
 
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -76,3 +76,19 @@ def test_the_smollm2_benchmarks_numpy_tf_worker_runs(smollm2_gguf_path):
     assert len(result["ids"]) == 5 + 2                 # the 5-token prompt and 2 new tokens
     assert len(result["generation"]) == len(result["step"]) == 1
     assert result["parameter_mb"] > 500 and result["step_tracemalloc_mb"] > 0
+
+
+def test_the_step_profile_gives_each_layer_family_its_cpu_time():
+    from benchmarks import step_profile
+    assert step_profile.family_of("/x/numpy_tf/kernels/erf.py") == "GELU"
+    assert step_profile.family_of("/x/numpy_tf/layers/multihead.py") == "attention"
+    assert step_profile.family_of("~") is None                   # a C function: its caller's
+    families, total = step_profile.profile_step("tiny", "float64", 3)
+    for name in ("Linear", "attention", "GELU", "LayerNorm", "cross-entropy", "embeddings",
+                 "blocks and model (residual sums, the listing)"):
+        assert families.get(name, 0) > 0, name
+    counted = sum(families.values())
+    assert families.get("other", 0) < 0.05 * counted             # every file has its family
+    assert counted <= 1.05 * total
+    table = step_profile.table(families, total)
+    assert table.startswith("| layer family | CPU ms per step | share |")

@@ -105,6 +105,25 @@ class UserError(Exception):
     """A mistake in the command line: printed as one line on stderr, exit status 2."""
 
 
+def thread_count(text: str | None) -> int | None:
+    """--threads N: a positive integer, or None when the option was not given."""
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise UserError(f"--threads must be a positive integer (threads for NumPy's BLAS and "
+                        f"numpy_tf's blocks); got {text!r}")
+    return int(text)
+
+
+def apply_threads(args) -> None:
+    """Set the threads of NumPy's BLAS and numpy_tf's blocks (numpy_tf.core.threads):
+    --threads, or by default the environment's settings and else the idle cores; say so on
+    stderr."""
+    from ..core.threads import use_threads
+
+    print(f"[{use_threads(thread_count(args.threads))}]", file=sys.stderr)
+
+
 # -- train ----------------------------------------------------------------------------------
 # registry family -> the --task that trains it (the rest cannot be trained by this command)
 TRAIN_TASKS = {"gpt": "text", "seq2seq": "reverse-digits"}
@@ -344,6 +363,7 @@ def train(args) -> int:
     import numpy as np
 
     _train_options(args)
+    thread_count(args.threads)
     resume = _resumed(args) if args.resume is not None else None
     out = _run_folder(args)
     if resume is not None:
@@ -351,6 +371,7 @@ def train(args) -> int:
         config = resume.model.config
     else:
         task, config = train_plan(args)
+    apply_threads(args)
     if task == "reverse-digits":
         return train_reverse_digits(args, config, out, resume)
 
@@ -774,11 +795,13 @@ def generate_command(args) -> int:
     from ..study.attention import attention_maps, format_attention, save_attention
 
     _sampling_options(args)
+    thread_count(args.threads)
     layer, head = _attention_choice(args.attention)
     every_layer = bool(args.save_attention) and args.save_attention.endswith(".npz")
     if args.save_attention and not every_layer and layer is None:
         raise UserError("--save-attention FILE.npy saves the layer given with --attention "
                         "LAYER; give one, or save every layer and the tokens to a .npz")
+    apply_threads(args)
     started = time.perf_counter()
     model, tokenizer = _load_pretrained(args.model, "--model", args.dtype, args.cache_dir)
     loaded = time.perf_counter() - started
@@ -896,6 +919,12 @@ def main(argv=None) -> int:
     train_parser.add_argument("--log-every", type=int, default=50)
     train_parser.add_argument("--prompt", default="The ", help="start of the final sample")
     train_parser.add_argument("--sample-tokens", type=int, default=300)
+    train_parser.add_argument("--threads", default=None, metavar="N",
+                              help="threads for NumPy's BLAS (through threadpoolctl, if "
+                                   "installed) and numpy_tf's blocks (default: "
+                                   "NUMPY_TF_NUM_THREADS and the BLAS variables if set, "
+                                   "else the idle cores: the cores minus the load average, "
+                                   "at least 1)")
     train_parser.set_defaults(run=train)
 
     sample_parser = commands.add_parser("sample", help="continue a prompt with a checkpoint")
@@ -949,6 +978,12 @@ def main(argv=None) -> int:
                                       "layer's (H, T, T)")
     generate_parser.add_argument("--cache-dir", default=None,
                                  help="where the wheel is kept (default ~/.cache/numpy_tf)")
+    generate_parser.add_argument("--threads", default=None, metavar="N",
+                                 help="threads for NumPy's BLAS (through threadpoolctl, if "
+                                      "installed) and numpy_tf's blocks (default: "
+                                      "NUMPY_TF_NUM_THREADS and the BLAS variables if set, "
+                                      "else the idle cores: the cores minus the load average, "
+                                      "at least 1)")
     generate_parser.set_defaults(run=generate_command)
     add_plot_parser(commands)
 
