@@ -30,8 +30,11 @@ def test_every_fixture_is_a_complete_case_with_both_dtypes():
 
 
 def test_fixtures_are_small():
+    """A budget for what the package carries: 230 cases of 11 model families and every layer
+    took 10.6 MiB (the largest families about 1.5 MB each); twice the GPT-2 / Llama / BERT era's
+    8 MiB leaves room for the next families, not for a careless case of megabytes."""
     total = sum(p.stat().st_size for p in fixtures_dir().glob("*.npz"))
-    assert total < 8 * 2**20, f"fixtures take {total / 2**20:.1f} MB"
+    assert total < 16 * 2**20, f"fixtures take {total / 2**20:.1f} MB"
 
 
 def test_meta_is_plain_json():
