@@ -215,8 +215,12 @@ def test_the_listing_check_fails_on_a_backward_out_of_order(backward, complaint)
 
 # -- every cache a NamedTuple ------------------------------------------------------------------
 def _plain_tuples(node, path="cache") -> list[str]:
-    """The paths of the tuples in a cache tree that are not NamedTuples."""
+    """The paths of the tuples in a cache tree that are not NamedTuples (a shape, a tuple of
+    ints such as a cache's x_shape, is a value, not a group of caches)."""
     found = []
+    if isinstance(node, tuple) and all(isinstance(item, (int, np.integer)) for item in node) \
+            and getattr(type(node), "_fields", None) is None:
+        return found
     if isinstance(node, tuple):
         fields = getattr(type(node), "_fields", None)
         if fields is None:
