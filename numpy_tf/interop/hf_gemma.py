@@ -26,8 +26,9 @@ def _rope_theta(config: Mapping) -> float:
     """The RoPE base; a scaled RoPE is refused (Gemma's rotary tables are the default ones)."""
     theta, scaling = read_rope(config)
     if scaling is not None:
-        raise ValueError(f"{config.get('model_type')} with a scaled RoPE ({scaling.rope_type!r}) "
-                         "is not implemented (numpy_tf's Gemma uses rope_type 'default')")
+        raise ValueError(f"{config.get('model_type')} has rope_type {scaling.rope_type!r}: "
+                         "scaled RoPE is not implemented (numpy_tf's Gemma uses rope_type "
+                         "'default')")
     return theta
 
 

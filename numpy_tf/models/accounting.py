@@ -348,6 +348,7 @@ def count_llama(config) -> Accounting:
 # None: the config's attention_bias / mlp_bias key), the default head_dim key
 _LLAMA_LIKE = {
     "llama": ("LlamaForCausalLM", (None, None, None, False)),
+    "mistral": ("MistralForCausalLM", (None, None, None, False)),
     "qwen2": ("Qwen2ForCausalLM", (True, False, False, False)),
     "qwen3": ("Qwen3ForCausalLM", (None, None, False, True)),
     "phi3": ("Phi3ForCausalLM", (False, False, False, False)),
@@ -373,8 +374,10 @@ def _count_llama_like_hf(config: dict, model_type: str) -> Accounting:
 
 
 def count_llama_hf(config: dict) -> Accounting:
-    """An HF llama config.json, LlamaForCausalLM's names."""
-    return _count_llama_like_hf(config, "llama")
+    """An HF llama config.json, LlamaForCausalLM's names (a mistral one: MistralForCausalLM's,
+    the same parameters)."""
+    return _count_llama_like_hf(config, "mistral" if config.get("model_type") == "mistral"
+                                else "llama")
 
 
 def count_qwen2_hf(config: dict) -> Accounting:
@@ -459,8 +462,9 @@ GEMMA2_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 def _gemma(model, prefix, vocab, d, inner, layers, heads, kv_heads, head_dim, tied,
            attention_bias, gemma2) -> Accounting:
-    rows = list(_llama(model, prefix, vocab, d, inner, layers, heads, kv_heads, head_dim, tied,
-                       attention_bias, False).rows)
+    rows = list(_llama("gemma", model, prefix, _LlamaShape(
+        vocab, d, inner, layers, heads, kv_heads, head_dim, tied, attention_bias, attention_bias,
+        False, False)).rows)
     if gemma2:
         after = next(index for index, row in enumerate(rows)
                      if row.name.endswith("post_attention_layernorm")) + 1
