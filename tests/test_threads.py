@@ -117,7 +117,7 @@ def test_train_runs_on_the_threads_given_and_says_so(tmp_path, capsys, monkeypat
     monkeypatch.setenv("NUMPY_TF_NUM_THREADS", "1")     # restored after the test
     assert main(["train", "--config", "tiny-gpt", "--steps", "2", "--batch-size", "2",
                  "--out", str(tmp_path), "--sample-tokens", "2", "--threads", "1"]) == 0
-    assert "[threads: 1; numpy_tf blocks 1, BLAS 1]" in capsys.readouterr().err
+    assert "[threads: 1; numpy_tf blocks 1, BLAS 1]" in capsys.readouterr().out
     assert worker_threads() == 1 and _blas_threads() == {1}
 
 

@@ -118,10 +118,11 @@ def thread_count(text: str | None) -> int | None:
 def apply_threads(args) -> None:
     """Set the threads of NumPy's BLAS and numpy_tf's blocks (numpy_tf.core.threads):
     --threads, or by default the environment's settings and else the idle cores; say so on
-    stderr."""
+    stdout, with the run's other progress lines (stderr holds only the one line of a
+    mistake)."""
     from ..core.threads import use_threads
 
-    print(f"[{use_threads(thread_count(args.threads))}]", file=sys.stderr)
+    print(f"[{use_threads(thread_count(args.threads))}]")
 
 
 # -- train ----------------------------------------------------------------------------------
@@ -289,6 +290,7 @@ def train_reverse_digits(args, config, out: Path, resume=None) -> int:
         warmup=min(50, args.steps // 10), weight_decay=0.0,
         eval_every=max(1, args.steps // 5), checkpoint_every=max(1, args.steps // 5),
         log_every=args.log_every, seed=args.seed)
+    apply_threads(args)
     out.mkdir(parents=True, exist_ok=True)
     trainer = reverse_digits_trainer(config, settings, checkpoint_path=out / "checkpoint.npz",
                                      dtype=np.dtype(args.dtype or "float32"), resume=resume)
@@ -371,7 +373,6 @@ def train(args) -> int:
         config = resume.model.config
     else:
         task, config = train_plan(args)
-    apply_threads(args)
     if task == "reverse-digits":
         return train_reverse_digits(args, config, out, resume)
 
@@ -403,6 +404,7 @@ def train(args) -> int:
     prompt = tokenizer.encode(args.prompt)[None, :]
     if args.sample_tokens and prompt.shape[1] == 0:
         raise UserError("--prompt must not be empty (it starts the final sample)")
+    apply_threads(args)                     # every usage mistake has been refused by now
     out.mkdir(parents=True, exist_ok=True)
     print(f"training a {trainer.model.num_parameters():,}-parameter GPT ({trainer.model.dtype})"
           f" on {source}: {trainer.extra_meta['tokens']:,} tokens ({tokenizer!r}), "
@@ -801,7 +803,6 @@ def generate_command(args) -> int:
     if args.save_attention and not every_layer and layer is None:
         raise UserError("--save-attention FILE.npy saves the layer given with --attention "
                         "LAYER; give one, or save every layer and the tokens to a .npz")
-    apply_threads(args)
     started = time.perf_counter()
     model, tokenizer = _load_pretrained(args.model, "--model", args.dtype, args.cache_dir)
     loaded = time.perf_counter() - started
@@ -811,6 +812,7 @@ def generate_command(args) -> int:
     prompt = tokenizer.encode(text)[None, :]
     if prompt.shape[1] == 0:
         raise UserError("--prompt must not be empty")
+    apply_threads(args)                     # every usage mistake has been refused by now
     eos = tokenizer.eos_id if args.chat else None
     started = time.perf_counter()
     tokens = generate(model, prompt, args.tokens, rng=np.random.default_rng(args.seed),
