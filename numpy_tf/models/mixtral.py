@@ -228,9 +228,12 @@ class Mixtral(Llama):
         """The forward in exact reverse; `drouter_logits` (one (B T, E) per layer, or None) is
         the gradient of the router logits from the auxiliary loss. Returns None."""
         validate.backward_inputs(dlogits, cache, MixtralCache, "dlogits")
-        if drouter_logits is not None and len(drouter_logits) != len(cache.layers):
-            raise ValueError(f"drouter_logits must hold one (B T, E) gradient per layer "
-                             f"({len(cache.layers)}); got {len(drouter_logits)}")
+        if drouter_logits is not None:
+            if len(drouter_logits) != len(cache.layers):
+                raise ValueError(f"drouter_logits must hold one (B T, E) gradient per layer "
+                                 f"({len(cache.layers)}); got {len(drouter_logits)}")
+            for index, (d, z) in enumerate(zip(drouter_logits, cache.router_logits)):
+                validate.gradient(f"drouter_logits[{index}]", d, z.shape, z.dtype, "the router")
         if drouter_logits is None:
             drouter_logits = [None] * len(cache.layers)
         dx = self.lm_head.backward(dlogits, cache.lm_head)          # logits = lm_head(x)
