@@ -48,6 +48,10 @@ from numpy_tf.layers import (GELU, CrossEntropyLoss, Dropout, Embedding, FusedAt
                              sinusoidal_positions_backward, sinusoidal_positions_forward,
                              softmax_backward, softmax_forward, swiglu_backward,
                              swiglu_forward)
+from numpy_tf.layers import (NeoXAttention, SoftCap, SparseMoE, load_balancing_loss_backward,
+                             load_balancing_loss_forward, moe_backward, moe_forward,
+                             partial_rope_backward, partial_rope_forward, softcap_backward,
+                             softcap_forward)
 from numpy_tf.layers.mlp import swiglu_gate_backward, swiglu_gate_forward
 
 EXAMPLES = 5            # hypothesis examples per layer (and tier) per kind
@@ -183,6 +187,26 @@ LAYERS: dict[str, tuple[Callable, bool]] = {
     "TorchMultiheadAttention batch_first=False": (lambda r, d, b, t, c: _module(
         TorchMultiheadAttention(2 * c, 2, batch_first=False, rng=1, dtype=d),
         *[_normal(r, (t, b, 2 * c), d)] * 3), True),
+    "softcap_forward": (lambda r, d, b, t, c: _function(
+        softcap_forward, softcap_backward, 3 * _normal(r, (b, t, c), d), 2.0), False),
+    "SoftCap": (lambda r, d, b, t, c: _module(SoftCap(2.0, dtype=d),
+                                              3 * _normal(r, (b, t, c), d)), False),
+    "partial_rope_forward": (lambda r, d, b, t, c: _function(
+        partial_rope_forward, partial_rope_backward, _normal(r, (b, 2, t, 2 * c + 2), d),
+        np.arange(t) + 1, 2 * c), False),
+    "moe_forward": (lambda r, d, b, t, c: _function(
+        moe_forward, moe_backward, _normal(r, (b, t, c), d), _normal(r, (3, c), d),
+        _normal(r, (3, c + 1, c), d), _normal(r, (3, c + 1, c), d),
+        _normal(r, (3, c, c + 1), d), 2), False),
+    "SparseMoE": (lambda r, d, b, t, c: _module(SparseMoE(c, c + 1, 3, 2, rng=1, dtype=d),
+                                                _normal(r, (b, t, c), d)), False),
+    "load_balancing_loss_forward": (lambda r, d, b, t, c: _function(
+        load_balancing_loss_forward, load_balancing_loss_backward,
+        [_normal(r, (b * t, c + 1), d) for _ in range(2)], min(2, c + 1),
+        dout_name="dloss"), False),
+    "NeoXAttention": (lambda r, d, b, t, c: _module(
+        NeoXAttention(4 * c, 2, rotary_dim=2, rng=1, dtype=d),
+        _normal(r, (b, t, 4 * c), d))._replace(dout_name="dy"), True),
 }
 CASES = [(name, tier) for name, (_, tiered) in LAYERS.items()
          for tier in (("kernels", "reference") if tiered else ("reference",))]
@@ -280,7 +304,8 @@ def test_cache_of_another_kind_is_refused(name, tier, b, t, c, other, kind):
     _assert_refused(run, dout, wrong, (TypeError,), "cache must be")
 
 
-@pytest.mark.parametrize("name, tier", [case for case in CASES if case[0] != "CrossEntropyLoss"])
+@pytest.mark.parametrize("name, tier", [case for case in CASES if case[0] not in
+                                        ("CrossEntropyLoss", "load_balancing_loss_forward")])
 @settings(max_examples=EXAMPLES)
 @given(sizes_a=st.tuples(sizes, sizes, sizes), sizes_b=st.tuples(sizes, sizes, sizes))
 def test_cache_of_another_call_is_refused(name, tier, sizes_a, sizes_b):
@@ -481,3 +506,18 @@ def test_a_kv_cache_that_does_not_fit_is_refused(name, which, how, b, past):
              "a list of floats": lambda: [k.tolist(), v.tolist()]}[how]()
     with pytest.raises((TypeError, ValueError), match=which):
         _kv_forward(layer, x, **{which: wrong})
+
+
+@pytest.mark.parametrize("name, tier", [case for case in CASES if case[0] in (
+    "softcap_forward", "SoftCap", "partial_rope_forward", "moe_forward", "SparseMoE",
+    "load_balancing_loss_forward", "NeoXAttention")])
+@pytest.mark.parametrize("other", ["softmax_forward", "rope_forward", "Linear"])
+def test_the_later_layers_refuse_another_layers_cache_by_name(name, tier, other):
+    """Another layer's NamedTuple (a RoPECache given to partial RoPE, a LinearCache to a
+    layer whose cache holds one) is refused by the cache's name, before any work."""
+    run, out, cache = _run(name, tier, np.float64, 2, 3, 2)
+    wrong = _run(other, tier, np.float64, 2, 3, 2)[2]
+    dout = np.random.default_rng(2).standard_normal(np.shape(out))
+    _assert_refused(run, dout, wrong, TypeError,
+                    f"cache must be the {type(cache).__name__}",
+                    f"got a {type(wrong).__name__}")

@@ -26,8 +26,11 @@ from numpy_tf.models.bert import Bert, BertConfig
 from numpy_tf.models.cbow import CBOW
 from numpy_tf.models.encoder_decoder.seq2seq import Seq2Seq, Seq2SeqConfig
 from numpy_tf.models.encoder_decoder.transformer import Transformer
+from numpy_tf.models.gemma import Gemma, GemmaConfig, alternating_layer_types
 from numpy_tf.models.gpt import GPT, GPTConfig
 from numpy_tf.models.llama import Llama, LlamaConfig
+from numpy_tf.models.mixtral import Mixtral, MixtralConfig
+from numpy_tf.models.neox import GPTNeoX, NeoXConfig
 from numpy_tf.models.objectives import TargetLoss
 from numpy_tf.optim import SGD, Adam, AdamW, clip_grad_norm, warmup_cosine
 from numpy_tf.training.checkpoint import load_checkpoint, save_checkpoint
@@ -41,6 +44,16 @@ LLAMA_SMALL = LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 BERT_SMALL = BertConfig(vocab_size=11, hidden_size=8, num_hidden_layers=1,
                         num_attention_heads=2, intermediate_size=12, max_position_embeddings=6)
+GEMMA2_SMALL = GemmaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
+                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           model_type="gemma2", query_pre_attn_scalar=4,
+                           attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                           sliding_window=2, layer_types=alternating_layer_types(2))
+MIXTRAL_SMALL = MixtralConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
+                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                              num_local_experts=3, num_experts_per_tok=2)
+NEOX_SMALL = NeoXConfig(vocab_size=11, hidden_size=8, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=12, rotary_pct=0.5)
 SEQ2SEQ_SMALL = Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=10, d_model=8, nhead=2,
                               num_encoder_layers=1, num_decoder_layers=2, dim_feedforward=12)
 
@@ -189,8 +202,17 @@ def _cbow(rng, batch, length):
     return model, model.forward(_ids(rng, (batch, length), 11))
 
 
+def _small(kind, config):
+    def build(rng, batch, length):
+        model = kind(config, rng=1)
+        return model, model.forward(_ids(rng, (batch, length), 11))
+    return build
+
+
 MODELS = {"GPT": _gpt, "Llama": _llama, "Bert": _bert, "Seq2Seq": _seq2seq,
-          "Transformer": _transformer, "CBOW": _cbow}
+          "Transformer": _transformer, "CBOW": _cbow,
+          "Gemma": _small(Gemma, GEMMA2_SMALL), "Mixtral": _small(Mixtral, MIXTRAL_SMALL),
+          "NeoX": _small(GPTNeoX, NEOX_SMALL)}      # named by their caches, as the messages
 
 
 def _wrong_shapes(shape):
@@ -238,6 +260,37 @@ def test_every_model_backward_refuses_another_dtype_and_another_cache(name):
     with pytest.raises(TypeError, match=r"^cache must be the \w+Cache its forward returned; "
                                         r"got a (GPT|CBOW)Cache"):
         model.backward(rng.normal(size=logits.shape), other)
+
+
+@pytest.mark.parametrize("name", ["Gemma", "Mixtral", "NeoX"])
+def test_the_later_models_refuse_every_wrong_shape_before_any_work(name):
+    rng = np.random.default_rng(4)
+    model, (logits, cache) = MODELS[name](rng, 2, 3)
+    before = [p.grad.copy() for p in model.parameters()]
+    for shape in _wrong_shapes(logits.shape):
+        with pytest.raises(ValueError, match=rf"^dlogits must have the shape of {name}'s "
+                                             rf"output {re_shape(logits.shape)}; got "
+                                             rf"{re_shape(shape)}"):
+            model.backward(rng.normal(size=shape), cache)
+    assert all((p.grad == b).all() for p, b in zip(model.parameters(), before))
+
+
+def test_mixtral_refuses_router_gradients_that_do_not_fit():
+    """drouter_logits: one (B T, E) array per layer, in the router's dtype."""
+    rng = np.random.default_rng(5)
+    model, (logits, cache) = MODELS["Mixtral"](rng, 2, 3)
+    dlogits = rng.normal(size=logits.shape)
+    router = [rng.normal(size=z.shape) for z in cache.router_logits]      # (6, 3) each
+    before = [p.grad.copy() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"^drouter_logits must hold one \(B T, E\) gradient "
+                                         r"per layer \(2\); got 1"):
+        model.backward(dlogits, cache, router[:1])
+    with pytest.raises(ValueError, match=r"^drouter_logits\[0\] must have the shape of the "
+                                         r"router's output \(6, 3\); got \(2, 3, 3\)"):
+        model.backward(dlogits, cache, [z.reshape(2, 3, 3) for z in router])
+    with pytest.raises(TypeError, match=r"^drouter_logits\[1\] must have the dtype"):
+        model.backward(dlogits, cache, [router[0], router[1].astype(np.float32)])
+    assert all((p.grad == b).all() for p, b in zip(model.parameters(), before))   # no work done
 
 
 def test_the_encoder_and_decoder_halves_check_their_own_gradients():

@@ -78,7 +78,7 @@ def test_the_skeleton_reads_as_homework():
 
 def test_the_skeleton_gives_the_check_a_backward_opens_with_and_the_caches_as_they_are(tmp_path):
     from numpy_tf.layers.embedding import EmbeddingCache
-    skeleton = assignment(["embedding", "softcap"], "hw.py")
+    skeleton = assignment(["embedding", "softcap", "sinusoidal_positions"], "hw.py")
     tree = ast.parse(skeleton)
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
@@ -87,8 +87,13 @@ def test_the_skeleton_gives_the_check_a_backward_opens_with_and_the_caches_as_th
     assert ast.unparse(check) == "validate.backward_inputs(dout, cache, EmbeddingCache)"
     assert isinstance(stop, ast.Raise)
     assert "from numpy_tf.core import validate" in skeleton
-    # softcap_backward opens otherwise: nothing but the exercise
-    assert [type(node) for node in functions["softcap_backward"].body[1:]] == [ast.Raise]
+    check, stop = functions["softcap_backward"].body[1:]
+    assert ast.unparse(check) == "validate.backward_inputs(dout, cache, SoftCapCache)"
+    assert isinstance(stop, ast.Raise)
+    # sinusoidal_positions_backward opens otherwise (its cache may be None): nothing but the
+    # exercise
+    assert [type(node) for node in functions["sinusoidal_positions_backward"].body[1:]] == \
+        [ast.Raise]
     fields = [node.target.id for node in classes["EmbeddingCache"].body
               if isinstance(node, ast.AnnAssign)]
     assert fields == list(EmbeddingCache._fields)

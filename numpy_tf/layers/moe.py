@@ -59,6 +59,10 @@ class MoECache(NamedTuple):
     router_logits: np.ndarray   # (N, E) z, what the auxiliary loss reads (HF's router_logits)
     hidden: int                 # F, an expert's intermediate width
 
+    @property
+    def output_spec(self):      # the (shape, dtype) dout must have: x's
+        return self.shape, self.router.x.dtype
+
 
 def _check_moe(x, router_weight, gate_weights, up_weights, down_weights, top_k) -> int:
     validate.float_array("x", x, min_ndim=1, shape="(..., C)")
@@ -149,6 +153,10 @@ def moe_backward(dout: np.ndarray, cache: MoECache, drouter_logits: np.ndarray |
     rows, their slots, SwiGLU's cache and its output o. Returns (dx, drouter_weight,
     dgate_weights, dup_weights, ddown_weights) in the forward's shapes.
     """
+    validate.backward_inputs(dout, cache, MoECache)
+    if drouter_logits is not None:
+        validate.gradient("drouter_logits", drouter_logits, cache.router_logits.shape,
+                          cache.router_logits.dtype, "the router")
     width = cache.shape[-1]
     g = dout.reshape(-1, width)                                         # (N, C)
     experts, hidden = len(cache.experts), cache.hidden
@@ -225,6 +233,9 @@ class SparseMoE(Module):
         return moe_forward(x, self.gate.weight.data, *self._expert_weights(), self.top_k)
 
     def backward(self, dout, cache, drouter_logits=None):
+        if isinstance(cache, MoECache):
+            validate.cache_fits("router weight", cache.router.weight, self.gate.weight.data)
+            validate.cache_fits("expert width F", cache.hidden, self.experts.hidden)
         dx, drouter, dgate, dup, ddown = moe_backward(dout, cache, drouter_logits)
         hidden = self.experts.hidden
         self.gate.weight.grad += drouter
@@ -240,6 +251,10 @@ class LoadBalancingCache(NamedTuple):
     keep: np.ndarray            # (N,) m_t: 1 for a real token, 0 for padding
     fractions: np.ndarray       # (E,) f_e, the share of (token, choice) pairs sent to e
     rows: float                 # R = L sum_t m_t, the rows both averages divide by
+
+    @property
+    def output_spec(self):      # the (shape, dtype) dloss must have: the 0-d loss's
+        return (), self.keep.dtype
 
 
 def _check_router_logits(router_logits, padding_mask):
@@ -323,6 +338,7 @@ def load_balancing_loss_backward(dloss, cache: LoadBalancingCache) -> np.ndarray
 
     Cached: every p_l, m, f and R. Returns dz (L, N, E), one (N, E) gradient per layer in the
     forward's order (layer l's is SparseMoE.backward's drouter_logits)."""
+    validate.backward_inputs(dloss, cache, LoadBalancingCache, "dloss")
     if cache.rows == 0:
         return np.zeros((len(cache.probs), *cache.probs[0].probs.shape),
                         dtype=cache.probs[0].probs.dtype)

@@ -43,6 +43,10 @@ class NeoXAttentionCache(NamedTuple):
     past_length: int                # P: keys an incoming KV cache already held
     present: KVCache                # (k, v) heads (B, H, P + T, d) after RoPE: the next cache
 
+    @property
+    def output_spec(self):          # the (shape, dtype) dy must have: dense's output
+        return self.dense.output_spec
+
 
 class NeoXAttention(Module):
     """Causal self-attention with GPT-NeoX's names (query_key_value, dense) and layout.
@@ -101,6 +105,12 @@ class NeoXAttention(Module):
         order they were cut from each head's 3d features, [dq_h | dk_h | dv_h], and merging
         the heads puts them back in query_key_value's per-head output layout. Gradients of the
         keys an incoming KV cache held are not propagated (they were an earlier call's)."""
+        validate.backward_inputs(dy, cache, NeoXAttentionCache, "dy")
+        validate.cache_fits("number of heads", cache.attention.q.shape[1], self.num_heads)
+        validate.cache_fits("rotary_dim", cache.rope_q.rotary_dim, self.rotary_dim)
+        validate.cache_fits("query_key_value weight", cache.query_key_value.weight,
+                            self.query_key_value.weight.data)
+        validate.cache_fits("dense weight", cache.dense.weight, self.dense.weight.data)
         dheads = split_heads(self.dense.backward(dy, cache.dense), self.num_heads)  # (B, H, T, d)
         if type(cache.attention) is AttentionKernelCache:
             dq, dk, dv = attention_backward_into(dheads, *cache.attention)

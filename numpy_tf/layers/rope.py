@@ -194,6 +194,11 @@ class RotaryEmbedding(Module):
 class PartialRoPECache(NamedTuple):
     rope: RoPECache         # the rotation of the first rotary_dim features
     rotary_dim: int         # R: features 0 .. R-1 rotate, R .. D-1 pass through
+    x_shape: tuple          # (B, H, T, D), the output's shape
+
+    @property
+    def output_spec(self):  # the (shape, dtype) dout must have
+        return self.x_shape, self.rope.cos.dtype
 
 
 def partial_rope_forward(x: np.ndarray, positions: np.ndarray, rotary_dim: int,
@@ -211,7 +216,7 @@ def partial_rope_forward(x: np.ndarray, positions: np.ndarray, rotary_dim: int,
     rotated, rope = rope_forward(x[..., :rotary_dim], positions, base=base,
                                  interleaved=interleaved)
     out = np.concatenate([rotated, x[..., rotary_dim:]], axis=-1)         # (B, H, T, D)
-    return out, PartialRoPECache(rope, rotary_dim)
+    return out, PartialRoPECache(rope, rotary_dim, x.shape)
 
 
 def partial_rope_backward(dout: np.ndarray, cache: PartialRoPECache) -> np.ndarray:
@@ -225,7 +230,9 @@ def partial_rope_backward(dout: np.ndarray, cache: PartialRoPECache) -> np.ndarr
         dx_r = R(theta)^T dout_r = rope_backward(dout_r)   (the inverse rotation)
         dx_p = dout_p                                      (passed through unchanged).
 
-    Cached: the rotation's cos and sin, and R. Integer positions get no gradient. Returns dx."""
-    rope, rotary_dim = cache
+    Cached: the rotation's cos and sin, R and x's shape. Integer positions get no gradient.
+    Returns dx."""
+    validate.backward_inputs(dout, cache, PartialRoPECache)
+    rope, rotary_dim, _ = cache
     drotated = rope_backward(dout[..., :rotary_dim], rope)                 # (B, H, T, R)
     return np.concatenate([drotated, dout[..., rotary_dim:]], axis=-1)    # (B, H, T, D)

@@ -21,6 +21,10 @@ from ..core.module import Module
 class SoftCapCache(NamedTuple):
     tanh: np.ndarray            # (...) t = tanh(x / c): the whole derivative is 1 - t^2
 
+    @property
+    def output_spec(self):      # the (shape, dtype) dout must have: y's, which are t's
+        return self.tanh.shape, self.tanh.dtype
+
 
 def softcap_forward(x: np.ndarray, cap: float):
     """y = cap * tanh(x / cap), elementwise; x (...) -> y (...), in x's dtype."""
@@ -37,10 +41,8 @@ def softcap_backward(dout: np.ndarray, cache: SoftCapCache) -> np.ndarray:
 
     so dx = dout (1 - t^2): the cap cancels, and only t is cached (the forward computed it).
     """
+    validate.backward_inputs(dout, cache, SoftCapCache)
     t = cache.tanh
-    if np.shape(dout) != t.shape:
-        raise ValueError(f"dout must have the shape of the soft cap's output {t.shape}; got "
-                         f"{np.shape(dout)}")
     return dout * (1.0 - t * t)
 
 

@@ -41,6 +41,7 @@ from ..layers.mlp import SwiGLU, SwiGLUCache
 from ..layers.multihead import AttentionLayerCache, MultiHeadAttention
 from ..layers.norm import RMSNorm, RMSNormCache
 from ..layers.softcap import SoftCap, SoftCapCache
+from . import checks
 from .accounting import count_gemma
 from .llama import Llama, LlamaConfig, LlamaDecoderLayer
 
@@ -231,6 +232,10 @@ class GemmaCache(NamedTuple):
     final_softcap: SoftCapCache | None  # tanh(logits / c) (B, T, V), Gemma2's final cap
     present: list                   # per layer, the KVCache (k, v) heads (B, G, P + T, d)
 
+    @property
+    def output_spec(self):      # the (shape, dtype) of the logits: dlogits's
+        return checks.head_spec(self.lm_head)
+
 
 class Gemma(Llama):
     """The decoder-only Gemma / Gemma2 model; `Gemma(GemmaConfig(...))`, or
@@ -284,6 +289,7 @@ class Gemma(Llama):
 
     def backward(self, dlogits, cache: GemmaCache):
         """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        validate.backward_inputs(dlogits, cache, GemmaCache, "dlogits")
         if cache.final_softcap is not None:
             dlogits = self.final_softcap.backward(dlogits, cache.final_softcap)
         dx = self.lm_head.backward(dlogits, cache.lm_head)          # logits = lm_head(x)

@@ -54,6 +54,7 @@ from ..layers.linear import Linear, LinearCache
 from ..layers.moe import (LoadBalancingCache, MoEExperts, SparseMoE,
                           load_balancing_loss_backward, load_balancing_loss_forward)
 from ..layers.norm import RMSNorm, RMSNormCache
+from . import checks
 from .accounting import count_mixtral
 from .llama import Llama, LlamaConfig, LlamaDecoderLayer, LlamaDecoderLayerCache
 from .objectives import NextTokenLoss, shifted_targets
@@ -177,6 +178,10 @@ class MixtralCache(NamedTuple):
     present: list               # per layer, the KVCache (k, v) (B, G, P + T, d): the next past_kv
     router_logits: list         # per layer, the router logits (B T, E) (HF's router_logits)
 
+    @property
+    def output_spec(self):      # the (shape, dtype) of the logits: dlogits's
+        return checks.head_spec(self.lm_head)
+
 
 class Mixtral(Llama):
     """The decoder-only Mixtral model; `Mixtral(MixtralConfig(...))`, or numpy_tf.interop.from_hf
@@ -222,6 +227,13 @@ class Mixtral(Llama):
     def backward(self, dlogits, cache: MixtralCache, drouter_logits=None):
         """The forward in exact reverse; `drouter_logits` (one (B T, E) per layer, or None) is
         the gradient of the router logits from the auxiliary loss. Returns None."""
+        validate.backward_inputs(dlogits, cache, MixtralCache, "dlogits")
+        if drouter_logits is not None:
+            if len(drouter_logits) != len(cache.layers):
+                raise ValueError(f"drouter_logits must hold one (B T, E) gradient per layer "
+                                 f"({len(cache.layers)}); got {len(drouter_logits)}")
+            for index, (d, z) in enumerate(zip(drouter_logits, cache.router_logits)):
+                validate.gradient(f"drouter_logits[{index}]", d, z.shape, z.dtype, "the router")
         if drouter_logits is None:
             drouter_logits = [None] * len(cache.layers)
         dx = self.lm_head.backward(dlogits, cache.lm_head)          # logits = lm_head(x)

@@ -43,6 +43,7 @@ from ..layers.embedding import Embedding, EmbeddingCache, normal_init
 from ..layers.linear import Linear, LinearCache
 from ..layers.neox_attention import NeoXAttention, NeoXAttentionCache
 from ..layers.norm import LayerNorm, LayerNormCache
+from . import checks
 from .accounting import count_neox
 from .resize import check_new_size, normal, resize_embedding, resize_head
 
@@ -225,6 +226,10 @@ class NeoXCache(NamedTuple):
     present: list                   # per layer, the KVCache (k, v) heads (B, H, P + T, d)
                                     # after this call: the next past_kv
 
+    @property
+    def output_spec(self):      # the (shape, dtype) of the logits: dlogits's
+        return checks.head_spec(self.embed_out)
+
 
 class GPTNeoX(Module):
     """The GPT-NeoX / Pythia language model; `GPTNeoX(NeoXConfig(...))`, or
@@ -316,6 +321,7 @@ class GPTNeoX(Module):
 
     def backward(self, dlogits, cache: NeoXCache):
         """The forward in exact reverse; returns None (integer ids have no gradient)."""
+        validate.backward_inputs(dlogits, cache, NeoXCache, "dlogits")
         dx = self.embed_out.backward(dlogits, cache.embed_out)          # logits = embed_out(x)
         dx = self.final_layer_norm.backward(dx, cache.final_layer_norm)  # x = final_norm(x)
         for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
