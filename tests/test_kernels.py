@@ -178,11 +178,18 @@ def test_linear_kernel_is_the_reference_bit_for_bit(dtype):
 NORM_WIDE = (EdgeCase("C = 128", (4, 16, 128)), EdgeCase("C = 768", (2, 8, 768)))
 
 
+def _rmsnorm_rows(x, weight, eps, unit_offset=False):
+    """The kernel as RMSNorm.forward runs it: unit_offset's gamma = 1 + w taken first."""
+    if unit_offset and weight is not None:
+        weight = 1.0 + weight
+    return norm_kernels.rmsnorm_rows(x, weight, eps)
+
+
 NORMS = {   # reference forward, backward; kernel forward, backward; the compared quantities
     "layernorm": (norm.layernorm_forward, norm.layernorm_backward, norm_kernels.layernorm_rows,
                   norm_kernels.layernorm_rows_backward,
                   ("out", "x_hat", "inv_std", "dx", "dweight", "dbias")),
-    "rmsnorm": (norm.rmsnorm_forward, norm.rmsnorm_backward, norm_kernels.rmsnorm_rows,
+    "rmsnorm": (norm.rmsnorm_forward, norm.rmsnorm_backward, _rmsnorm_rows,
                 norm_kernels.rmsnorm_rows_backward, ("out", "x_hat", "inv_rms", "dx", "dweight"))}
 
 
