@@ -115,14 +115,14 @@ def thread_count(text: str | None) -> int | None:
     return int(text)
 
 
-def apply_threads(args) -> None:
+def apply_threads(args, file=None) -> None:
     """Set the threads of NumPy's BLAS and numpy_tf's blocks (numpy_tf.core.threads):
-    --threads, or by default the environment's settings and else the idle cores; say so on
-    stdout, with the run's other progress lines (stderr holds only the one line of a
-    mistake)."""
+    --threads, or by default the environment's settings and else the idle cores; say so where
+    the command's other progress lines go (train: stdout; generate, whose stdout is the text:
+    stderr). Called once every usage mistake has been refused, so a mistake stays one line."""
     from ..core.threads import use_threads
 
-    print(f"[{use_threads(thread_count(args.threads))}]")
+    print(f"[{use_threads(thread_count(args.threads))}]", file=file or sys.stdout)
 
 
 # -- train ----------------------------------------------------------------------------------
@@ -812,7 +812,7 @@ def generate_command(args) -> int:
     prompt = tokenizer.encode(text)[None, :]
     if prompt.shape[1] == 0:
         raise UserError("--prompt must not be empty")
-    apply_threads(args)                     # every usage mistake has been refused by now
+    apply_threads(args, sys.stderr)         # every usage mistake has been refused by now
     eos = tokenizer.eos_id if args.chat else None
     started = time.perf_counter()
     tokens = generate(model, prompt, args.tokens, rng=np.random.default_rng(args.seed),
