@@ -2,7 +2,8 @@
 inputs of numpy_tf.teaching.layer_table) and on arrays of many blocks, in float32 and float64.
 
 Bit for bit where the arithmetic is the same: erf / erfc, GELU (forward and backward), Linear's
-forward, attention's dv, the fused qkv gradient, Embedding's backward into a zero gradient.
+forward and backward, attention's forward and dv, the fused qkv gradient, Embedding's backward
+into a zero gradient; and attention's the same bits for a whole batch or cut into chunks.
 
 Within a stated number of ulps where the kernel adds in another order (einsum's one-pass row
 sums against NumPy's pairwise sums). An ulp here is one unit in the last place of the largest
@@ -167,11 +168,40 @@ def test_gelu_kernel_names_a_dout_of_the_wrong_shape():
 
 
 # -- Linear ---------------------------------------------------------------------------------------
+LINEAR_WIDE = (EdgeCase("wide", (3, 7, 64)), EdgeCase("many rows", (4, 33, 40)))
+
+
+def linear_ulps(dtype) -> dict:
+    """The worst ulps of the Linear kernels against the references over the edge cases: the
+    forward, dx, and dW and db added into gradients that already hold something, as
+    Linear.backward adds the reference's."""
+    worst = {}
+    for case, seed, inputs in edge_inputs("linear", dtype, LINEAR_WIDE):
+        out, cache = linear.linear_forward(**inputs)
+        dout = upstream(out, seed)
+        dx, dweight, dbias = linear.linear_backward(dout, cache)
+        rng = np.random.default_rng(seed)
+        held = rng.standard_normal(cache.weight.shape).astype(dtype)
+        held_bias = rng.standard_normal(cache.weight.shape[0]).astype(dtype)
+        weight_grad, bias_grad = held.copy(), held_bias.copy() if cache.has_bias else None
+        got = {"out": linear_kernels.linear_rows(**inputs),
+               "dx": linear_kernels.linear_backward_into(dout, cache.x, cache.weight,
+                                                         weight_grad, bias_grad),
+               "dweight": weight_grad, "dbias": bias_grad}
+        want = {"out": out, "dx": dx, "dweight": held + dweight,
+                "dbias": held_bias + dbias if cache.has_bias else None}
+        for name, value in got.items():
+            if value is not None:
+                equal = same_bits(value, want[name])
+                worst[name] = max(worst.get(name, 0.0),
+                                  0.0 if equal else max(ulps_of_largest(value, want[name]),
+                                                        2.0 ** -20))
+    return worst
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_linear_kernel_is_the_reference_bit_for_bit(dtype):
-    for case, _, inputs in edge_inputs("linear", dtype, (EdgeCase("wide", (3, 7, 64)),)):
-        out, _ = linear.linear_forward(**inputs)
-        assert same_bits(linear_kernels.linear_rows(**inputs), out), case
+def test_linear_kernels_are_the_reference_bit_for_bit(dtype):
+    assert set(linear_ulps(dtype).values()) == {0.0}
 
 
 # -- LayerNorm and RMSNorm ------------------------------------------------------------------------
@@ -267,6 +297,40 @@ def attention_ulps(dtype) -> dict:
 def test_attention_backward_kernel_within_its_ulps(dtype):
     worst = attention_ulps(dtype)
     assert worst["dv"] == 0.0 and max(worst.values()) <= ATTENTION_ULPS, worst
+
+
+ATTENTION_CHUNKED = ATTENTION_LARGE + (
+    EdgeCase("padding, 5 samples", (5, 2, 6, 3), {"padding": "one sequence all padding"}),
+    EdgeCase("float mask, 3 samples", (3, 2, 4, 4), {"mask": "float"}))
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 1200])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_forward_kernel_is_the_reference_bit_for_bit(monkeypatch, dtype, chunk_bytes):
+    """kernel_attention_forward against attention_forward on every edge case (dropout and the
+    soft cap take the reference itself), the batch cut into one chunk per sample (or a few
+    samples per chunk); the backward in chunks equals the backward of the whole batch."""
+    spec = LAYERS["attention"]
+    whole = []
+    for case, seed, inputs in edge_inputs("attention", dtype, ATTENTION_CHUNKED):
+        out, cache = spec.call(attention.attention_forward, inputs)
+        dout = upstream(out, seed)
+        whole.append(attention_kernels.attention_backward_into(dout, *cache))
+    monkeypatch.setattr(attention_kernels, "CHUNK_BYTES", chunk_bytes)
+    assert len(attention_kernels._chunks(np.zeros((5, 2, 6, 3)), 6)) == (5 if chunk_bytes == 1
+                                                                          else 3)
+    for index, (case, seed, inputs) in enumerate(edge_inputs("attention", dtype,
+                                                             ATTENTION_CHUNKED)):
+        out, cache = spec.call(attention.attention_forward, inputs)
+        got, kernel_cache = spec.call(attention.kernel_attention_forward, inputs)
+        assert type(kernel_cache) is attention.AttentionKernelCache, case
+        assert same_bits(got, out), case
+        for name, a, b in zip(cache._fields, kernel_cache, cache):
+            assert same_bits(a, b) if isinstance(b, np.ndarray) else a == b, (case, name)
+        dout = upstream(out, seed)
+        for a, b in zip(attention_kernels.attention_backward_into(dout, *kernel_cache),
+                        whole[index]):
+            assert same_bits(a, b), case
 
 
 @pytest.mark.parametrize("groups", [4, 2, 1])
@@ -415,7 +479,9 @@ def test_each_class_runs_its_kernels_by_default(monkeypatch):
                          (activations, "gelu_backward_blocks"), (linear, "linear_rows"),
                          (norm, "layernorm_rows"), (norm, "layernorm_rows_backward"),
                          (norm, "rmsnorm_rows"), (norm, "rmsnorm_rows_backward"),
+                         (linear, "linear_backward_into"),
                          (embedding, "embedding_backward_into"),
+                         (multihead, "kernel_attention_forward"),
                          (multihead, "attention_backward_into"), (multihead, "qkv_gradient")]:
         monkeypatch.setattr(module, name, _raises)
     for layer, args, kwargs in _layers():
@@ -429,10 +495,11 @@ def test_each_class_runs_its_references_inside_reference_path(monkeypatch):
     default path runs, reference_path fails."""
     from numpy_tf.layers import multihead
     for module, name in [(activations, "gelu_forward"), (activations, "gelu_backward"),
-                         (linear, "linear_forward"), (norm, "layernorm_forward"),
+                         (linear, "linear_forward"), (linear, "linear_backward"),
+                         (norm, "layernorm_forward"),
                          (norm, "layernorm_backward"), (norm, "rmsnorm_forward"),
                          (norm, "rmsnorm_backward"), (embedding, "embedding_backward"),
-                         (multihead, "attention_backward")]:
+                         (multihead, "attention_forward"), (multihead, "attention_backward")]:
         monkeypatch.setattr(module, name, _raises)
     for layer, args, kwargs in _layers():
         _run(layer, args, kwargs, reference=False)

@@ -10,10 +10,12 @@ is inside `numpy_tf.reference_path()`.
     blocks.py      map_blocks: consecutive blocks of an array on NUMPY_TF_NUM_THREADS threads
     erf.py         erf and erfc in blocks, in place (numpy_tf.core.special is the reference)
     gelu.py        GELU's forward and backward in blocks (layers.activations)
-    linear.py      Linear's forward for inputs checked by the class (layers.linear)
+    linear.py      Linear's forward for inputs checked by the class, its backward added
+                   straight into the Parameters' gradients (layers.linear)
     norm.py        LayerNorm and RMSNorm with one-pass row statistics (layers.norm)
-    attention.py   attention's backward into given arrays; the fused qkv gradient
-                   (layers.attention, layers.multihead)
+    attention.py   attention's forward and backward in cache-sized chunks of the batch, the
+                   backward into given arrays; the fused qkv gradient (layers.attention,
+                   layers.multihead)
     embedding.py   Embedding's backward added straight into the weight's gradient
                    (layers.embedding)
 

@@ -39,7 +39,7 @@ import numpy as np
 from ..core import validate
 from ..core.module import Module
 from ..core.paths import kernels_enabled
-from ..kernels.attention import attention_backward_into
+from ..kernels.attention import attention_backward_into, attention_rows
 from .dropout import check_probability, dropout_mask
 from .softcap import softcap_backward, softcap_forward, SoftCapCache
 
@@ -269,6 +269,28 @@ def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=Non
     return out, AttentionCache(q, k, v, probs, dropout, scale, capped)
 
 
+def kernel_attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_mask=None,
+                             key_padding_mask=None, is_causal: bool = False,
+                             causal_offset: int = 0, dropout_p: float = 0.0,
+                             rng: np.random.Generator | None = None,
+                             scale: float | None = None, window: int | None = None,
+                             softcap: float | None = None):
+    """attention_forward's values and cache, computed by the kernel tier, the cache an
+    AttentionKernelCache (whose backward is the kernel's): the same checks and masks, then
+    kernels.attention.attention_rows, the reference's arithmetic in cache-sized chunks of the
+    batch. With dropout or a soft cap the reference computes the forward."""
+    if softcap is not None or check_probability(dropout_p) > 0.0:
+        out, cache = attention_forward(q, k, v, attn_mask, key_padding_mask, is_causal,
+                                       causal_offset, dropout_p, rng, scale, window, softcap)
+        return out, AttentionKernelCache(*cache)
+    _check_attention_inputs(q, k, v, dropout_p, rng)
+    scale = attention_scale(scale, q)
+    blocked, bias = attention_masks((*q.shape[:3], k.shape[2]), q.dtype, attn_mask,
+                                    key_padding_mask, is_causal, causal_offset, window)
+    out, probs = attention_rows(q, k, v, blocked, bias, scale, masked_softmax)
+    return out, AttentionKernelCache(q, k, v, probs, None, scale, None)
+
+
 def attention_backward(dout: np.ndarray, cache: AttentionCache):
     """Gradients of out = W v, W = P (or P * m with the dropout mask m), P = softmax(S),
     S = s q k^T + M (s the scale), per group; * is elementwise. The code's names: weights W,
@@ -324,10 +346,9 @@ class ScaledDotProductAttention(Module):
 
     def forward(self, q, k, v, attn_mask=None, key_padding_mask=None, causal_offset: int = 0,
                 rng: np.random.Generator | None = None):
-        out, cache = attention_forward(q, k, v, attn_mask, key_padding_mask, self.is_causal,
-                                       causal_offset, self.dropout if self.training else 0.0,
-                                       rng)
-        return out, (AttentionKernelCache(*cache) if kernels_enabled() else cache)
+        forward = kernel_attention_forward if kernels_enabled() else attention_forward
+        return forward(q, k, v, attn_mask, key_padding_mask, self.is_causal, causal_offset,
+                       self.dropout if self.training else 0.0, rng)
 
     def backward(self, dout, cache):
         if type(cache) is AttentionKernelCache:

@@ -13,7 +13,7 @@ import numpy as np
 from ..core import validate
 from ..core.module import Module, Parameter
 from ..core.paths import kernels_enabled
-from ..kernels.linear import linear_rows
+from ..kernels.linear import linear_backward_into, linear_rows
 
 
 class LinearCache(NamedTuple):
@@ -24,6 +24,12 @@ class LinearCache(NamedTuple):
     @property
     def output_spec(self):  # the (shape, dtype) dout must have
         return (*self.x.shape[:-1], self.weight.shape[0]), self.x.dtype
+
+
+class LinearKernelCache(LinearCache):
+    """A LinearCache made by the kernel tier (numpy_tf.kernels.linear): the same fields; its
+    type tells Linear.backward to run the kernel's backward."""
+    __slots__ = ()
 
 
 def _check_linear(x, weight, bias) -> None:
@@ -95,7 +101,7 @@ class Linear(Module):
             validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
             validate.same_dtype(weight=weight, x=x)           # the bias has the weight's dtype
             validate.last_dim("x", x, self.in_features, "in_features")
-        return linear_rows(x, weight, bias), LinearCache(x, weight, bias is not None)
+        return linear_rows(x, weight, bias), LinearKernelCache(x, weight, bias is not None)
 
     def check_cache(self, cache) -> None:
         """A LinearCache must come from a Linear of this one's shape, dtype and bias: its
@@ -106,6 +112,10 @@ class Linear(Module):
 
     def backward(self, dout, cache):
         self.check_cache(cache)
+        if type(cache) is LinearKernelCache:
+            validate.backward_inputs(dout, cache, LinearCache)
+            return linear_backward_into(dout, cache.x, cache.weight, self.weight.grad,
+                                        None if self.bias is None else self.bias.grad)
         dx, dweight, dbias = linear_backward(dout, cache)
         self.weight.grad += dweight
         if self.bias is not None:

@@ -36,7 +36,7 @@ from ..core.module import Module, Parameter
 from ..core.paths import kernels_enabled
 from ..kernels.attention import attention_backward_into, qkv_gradient
 from .attention import (AttentionCache, AttentionKernelCache, attention_backward,
-                        attention_forward, check_window)
+                        attention_forward, check_window, kernel_attention_forward)
 from .dropout import check_probability
 from .linear import Linear, LinearCache, linear_backward, linear_forward
 from .norm import RMSNorm, RMSNormCache
@@ -219,12 +219,11 @@ class HeadAttention(Module):
         if past_kv is not None:
             k = np.concatenate([past_kv[0], k], axis=2)
             v = np.concatenate([past_kv[1], v], axis=2)
-        heads, attention = attention_forward(
+        forward = kernel_attention_forward if kernels_enabled() else attention_forward
+        heads, attention = forward(
             q, k, v, attn_mask, key_padding_mask, is_causal, past_length,
             self.dropout if self.training else 0.0, rng, self.scale, self.sliding_window,
-            self.softcap)
-        if kernels_enabled():
-            attention = AttentionKernelCache(*attention)                # kernel backward
+            self.softcap)                                               # (B, H, Tq, dv)
         out, output = self.output_layer.forward(merge_heads(heads))     # (B, Tq, C)
         return out, AttentionLayerCache(projections, rope_caches, attention, output,
                                         past_length, KVCache(k, v), inputs, static, head_norms)

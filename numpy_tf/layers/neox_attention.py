@@ -27,7 +27,8 @@ from ..core import validate
 from ..core.module import Module
 from ..core.paths import kernels_enabled
 from ..kernels.attention import attention_backward_into
-from .attention import AttentionCache, AttentionKernelCache, attention_backward, attention_forward
+from .attention import (AttentionCache, AttentionKernelCache, attention_backward,
+                        attention_forward, kernel_attention_forward)
 from .dropout import check_probability
 from .linear import Linear, LinearCache
 from .multihead import KVCache, merge_heads, split_heads
@@ -91,11 +92,10 @@ class NeoXAttention(Module):
         if past_kv is not None:
             k = np.concatenate([past_kv[0], k], axis=2)                      # (B, H, P + T, d)
             v = np.concatenate([past_kv[1], v], axis=2)
-        heads, attention = attention_forward(
+        forward = kernel_attention_forward if kernels_enabled() else attention_forward
+        heads, attention = forward(
             q, k, v, None, key_padding_mask, True, past_length,
             self.dropout if self.training else 0.0, rng)                     # (B, H, T, d)
-        if kernels_enabled():
-            attention = AttentionKernelCache(*attention)                     # kernel backward
         y, dense = self.dense.forward(merge_heads(heads))                    # (B, T, C)
         return y, NeoXAttentionCache(query_key_value, rope_q, rope_k, attention, dense,
                                      past_length, KVCache(k, v))
