@@ -132,13 +132,14 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", default="1", help="for NumPy's BLAS and numpy_tf's blocks")
     args = parser.parse_args(argv)
     from benchmarks.run import thread_counts
+    from numpy_tf.core.memory import reuse_freed_memory
     from numpy_tf.core.threads import use_threads
 
     threads = thread_counts(args.threads)
     if len(threads) != 1:
         parser.exit(2, f"python -m benchmarks.step_profile: --threads takes one count; got "
                        f"{args.threads!r}\n")
-    print(f"[{use_threads(threads[0])}]")
+    print(f"[{use_threads(threads[0])}; {reuse_freed_memory()}]")
     families, total = profile_step(args.size, args.dtype, args.steps)
     print(f"{args.size} {args.dtype}, {args.steps} steps, CPU time by layer family:\n")
     print(table(families, total))

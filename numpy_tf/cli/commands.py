@@ -119,10 +119,13 @@ def apply_threads(args, file=None) -> None:
     """Set the threads of NumPy's BLAS and numpy_tf's blocks (numpy_tf.core.threads):
     --threads, or by default the environment's settings and else the idle cores; say so where
     the command's other progress lines go (train: stdout; generate, whose stdout is the text:
-    stderr). Called once every usage mistake has been refused, so a mistake stays one line."""
+    stderr). Called once every usage mistake has been refused, so a mistake stays one line.
+    Also keeps freed memory for the next step (numpy_tf.core.memory), which changes no value."""
+    from ..core.memory import reuse_freed_memory
     from ..core.threads import use_threads
 
     print(f"[{use_threads(thread_count(args.threads))}]", file=file or sys.stdout)
+    reuse_freed_memory()
 
 
 # -- train ----------------------------------------------------------------------------------
