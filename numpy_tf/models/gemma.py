@@ -34,9 +34,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core import validate
-from ..core.module import Module, ModuleList
-from ..layers.embedding import Embedding, EmbeddingCache
-from ..layers.linear import Linear, LinearCache
+from ..core.module import Module
+from ..layers.embedding import EmbeddingCache
+from ..layers.linear import LinearCache
 from ..layers.mlp import SwiGLU, SwiGLUCache
 from ..layers.multihead import AttentionLayerCache, MultiHeadAttention
 from ..layers.norm import RMSNorm, RMSNormCache
@@ -242,26 +242,23 @@ class Gemma(Llama):
     numpy_tf.interop.from_hf for a Hugging Face Gemma or Gemma2 checkpoint. Llama's input
     checks, initialisation and resize_token_embeddings carry over."""
 
+    config_class = GemmaConfig
+
     def __init__(self, config: GemmaConfig = GemmaConfig(), *,
                  rng: np.random.Generator | int = 0, dtype=np.float64):
-        Module.__init__(self, dtype)
-        if not isinstance(config, GemmaConfig):
-            raise TypeError(f"config must be a GemmaConfig (use numpy_tf.interop.from_hf for "
-                            f"a Hugging Face config); got {type(config).__name__}")
-        rng = np.random.default_rng(rng)
-        self.config = c = config
-        block = Gemma2DecoderLayer if c.model_type == "gemma2" else GemmaDecoderLayer
-        self.embed_tokens = Embedding(c.vocab_size, c.hidden_size, c.pad_token_id, rng=rng,
-                                      dtype=dtype)
-        self.layers = ModuleList([block(c, index, rng=rng, dtype=dtype)
-                                  for index in range(c.num_hidden_layers)], dtype=dtype)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype, unit_offset=True)
-        self.lm_head = Linear(c.hidden_size, c.vocab_size, bias=False, rng=rng, dtype=dtype)
+        super().__init__(config, rng=rng, dtype=dtype)
+        c = self.config
         self.final_softcap = None if c.final_logit_softcapping is None else \
             SoftCap(c.final_logit_softcapping, dtype=dtype)
-        self._initialize(rng)
-        if c.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+
+    def _decoder_layer(self, index: int, rng: np.random.Generator, dtype) -> Module:
+        block = Gemma2DecoderLayer if self.config.model_type == "gemma2" else GemmaDecoderLayer
+        return block(self.config, index, rng=rng, dtype=dtype)
+
+    def _final_norm(self, dtype) -> Module:
+        """Gemma's RMSNorm scales by 1 + weight."""
+        return RMSNorm(self.config.hidden_size, self.config.rms_norm_eps, dtype=dtype,
+                       unit_offset=True)
 
     @property
     def normalizer(self) -> np.ndarray:

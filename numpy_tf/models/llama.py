@@ -257,25 +257,36 @@ class LlamaCache(NamedTuple):
 
 class Llama(Module):
     """The decoder-only Llama model; `Llama(LlamaConfig(...))`, or numpy_tf.interop.from_hf
-    for a Hugging Face LlamaForCausalLM's weights."""
+    for a Hugging Face LlamaForCausalLM's weights. The families built on it (Mixtral, Gemma)
+    change its config class, its decoder layer and its final norm."""
+    config_class = LlamaConfig
 
     def __init__(self, config: LlamaConfig = LlamaConfig(), *,
                  rng: np.random.Generator | int = 0, dtype=np.float64):
         super().__init__(dtype)
-        if not isinstance(config, LlamaConfig):
-            raise TypeError(f"config must be a LlamaConfig (use numpy_tf.interop.from_hf for "
-                            f"a Hugging Face config); got {type(config).__name__}")
+        kind = self.config_class
+        if not isinstance(config, kind):
+            raise TypeError(f"config must be a {kind.__name__} (use numpy_tf.interop.from_hf "
+                            f"for a Hugging Face config); got {type(config).__name__}")
         rng = np.random.default_rng(rng)
         self.config = c = config
         self.embed_tokens = Embedding(c.vocab_size, c.hidden_size, c.pad_token_id, rng=rng,
                                       dtype=dtype)
-        self.layers = ModuleList([LlamaDecoderLayer(c, rng=rng, dtype=dtype)
-                                  for _ in range(c.num_hidden_layers)], dtype=dtype)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
+        self.layers = ModuleList([self._decoder_layer(index, rng, dtype)
+                                  for index in range(c.num_hidden_layers)], dtype=dtype)
+        self.norm = self._final_norm(dtype)
         self.lm_head = Linear(c.hidden_size, c.vocab_size, bias=False, rng=rng, dtype=dtype)
         self._initialize(rng)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def _decoder_layer(self, index: int, rng: np.random.Generator, dtype) -> Module:
+        """Block `index` of the stack (index 0 first)."""
+        return LlamaDecoderLayer(self.config, rng=rng, dtype=dtype)
+
+    def _final_norm(self, dtype) -> Module:
+        """The norm after the last block."""
+        return RMSNorm(self.config.hidden_size, self.config.rms_norm_eps, dtype=dtype)
 
     def _initialize(self, rng: np.random.Generator) -> None:
         """HF's rule: every Linear and Embedding weight N(0, initializer_range^2), biases

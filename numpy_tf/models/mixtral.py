@@ -46,14 +46,14 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core import validate
-from ..core.module import Module, ModuleList
+from ..core.module import Module
 from ..layers.cross_entropy_loss import (CrossEntropyCache, cross_entropy_backward,
                                          cross_entropy_forward)
-from ..layers.embedding import Embedding, EmbeddingCache, normal_init
-from ..layers.linear import Linear, LinearCache
+from ..layers.embedding import EmbeddingCache, normal_init
+from ..layers.linear import LinearCache
 from ..layers.moe import (LoadBalancingCache, MoEExperts, SparseMoE,
                           load_balancing_loss_backward, load_balancing_loss_forward)
-from ..layers.norm import RMSNorm, RMSNormCache
+from ..layers.norm import RMSNormCache
 from . import checks
 from .accounting import count_mixtral
 from .llama import Llama, LlamaConfig, LlamaDecoderLayer, LlamaDecoderLayerCache
@@ -188,23 +188,14 @@ class Mixtral(Llama):
     for a Hugging Face MixtralForCausalLM's weights. Shares Llama's input checks and
     resize_token_embeddings; its blocks are MixtralDecoderLayers."""
 
+    config_class = MixtralConfig
+
     def __init__(self, config: MixtralConfig = MixtralConfig(), *,
                  rng: np.random.Generator | int = 0, dtype=np.float64):
-        Module.__init__(self, dtype)
-        if not isinstance(config, MixtralConfig):
-            raise TypeError(f"config must be a MixtralConfig (use numpy_tf.interop.from_hf for "
-                            f"a Hugging Face config); got {type(config).__name__}")
-        rng = np.random.default_rng(rng)
-        self.config = c = config
-        self.embed_tokens = Embedding(c.vocab_size, c.hidden_size, c.pad_token_id, rng=rng,
-                                      dtype=dtype)
-        self.layers = ModuleList([MixtralDecoderLayer(c, rng=rng, dtype=dtype)
-                                  for _ in range(c.num_hidden_layers)], dtype=dtype)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype=dtype)
-        self.lm_head = Linear(c.hidden_size, c.vocab_size, bias=False, rng=rng, dtype=dtype)
-        self._initialize(rng)
-        if c.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        super().__init__(config, rng=rng, dtype=dtype)
+
+    def _decoder_layer(self, index: int, rng: np.random.Generator, dtype) -> Module:
+        return MixtralDecoderLayer(self.config, rng=rng, dtype=dtype)
 
     def _initialize(self, rng: np.random.Generator) -> None:
         """HF's rule: Llama's (every Linear and Embedding weight, the router's among them,
