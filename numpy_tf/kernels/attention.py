@@ -1,4 +1,4 @@
-"""Attention's forward in parts of the batch, its backward in place and into given arrays, and the
+"""Attention's forward in chunks of the batch, its backward in place and into given arrays, and the
 fused qkv gradient: the values of layers.attention.attention_forward and attention_backward (the
 references, whose docstrings are the derivation) and of the reference backward of
 layers.multihead.FusedAttention.

@@ -283,7 +283,7 @@ def kernel_attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, attn_m
         out, cache = attention_forward(q, k, v, attn_mask, key_padding_mask, is_causal,
                                        causal_offset, dropout_p, rng, scale, window, softcap)
         return out, AttentionKernelCache(*cache)
-    _check_attention_inputs(q, k, v, dropout_p, rng)
+    check_qkv(q, k, v)                  # nothing is dropped: rng needs no check
     scale = attention_scale(scale, q)
     blocked, bias = attention_masks((*q.shape[:3], k.shape[2]), q.dtype, attn_mask,
                                     key_padding_mask, is_causal, causal_offset, window)
