@@ -105,6 +105,35 @@ def test_zero_grad_and_astype_keep_ties():
     assert model.tokens.weight.dtype == np.float64       # the original is untouched
 
 
+class Holder(Module):
+    """What a user's module may hold besides Parameters and Modules."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = Linear(2, 3)
+        self.layers = [self.inner, Linear(3, 1)]            # a plain list, one item shared
+        self.table = {"scale": np.arange(3.0), "name": "x"}
+        self.pair = (self.inner.weight, 2)
+        self.rng = np.random.default_rng(0)
+        self.extra = {1, 2}                                  # deepcopy's own protocol
+
+
+def test_astype_copies_everything_a_module_holds_and_shares_nothing():
+    model = Holder()
+    model.inner.weight.grad += 1.0
+    single = model.astype(np.float32)
+    assert single.layers[0] is single.inner and single.pair[0] is single.inner.weight
+    assert single.inner is not model.inner and single.inner.weight.data is not \
+        model.inner.weight.data
+    assert single.inner.weight.dtype == np.float32 and single.layers[1].bias.dtype == np.float32
+    assert not single.inner.weight.grad.any()                # gradients start at zero
+    assert model.inner.weight.grad.all()                     # the original's are untouched
+    assert single.table["scale"] is not model.table["scale"] and single.table["name"] == "x"
+    assert single.extra == {1, 2} and single.extra is not model.extra
+    assert single.rng is not model.rng and single.rng.random() == model.rng.random()
+    assert [m.dtype for _, m in single.named_modules()] == [np.dtype(np.float32)] * 2
+
+
 def test_default_dtype_is_float64_and_bad_dtype_is_refused():
     assert Linear(2, 3).weight.dtype == np.float64
     with pytest.raises(TypeError, match="dtype must be float32 or float64; got int64"):

@@ -388,8 +388,7 @@ def gradcheck_module(module: Module, *inputs, wrt_inputs: bool = True, parameter
 
     out, cache = call()
     dout = rng.standard_normal(np.shape(out))
-    module.zero_grad()
-    dinputs = module.backward(dout, cache)
+    dinputs = module.backward(dout, cache)          # into the copy's fresh (zero) gradients
     if isinstance(dinputs, np.ndarray) or dinputs is None:
         dinputs = (dinputs,)
     tensors: dict[str, np.ndarray] = {}

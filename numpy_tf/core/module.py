@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import operator
 from typing import Iterator, Mapping, NamedTuple
 
 import numpy as np
@@ -231,20 +232,60 @@ class Module:
                 np.copyto(parameter.data, state[name])
 
     def astype(self, dtype) -> "Module":
-        """A deep copy of this module whose Parameters are `dtype` (ties are kept)."""
+        """A deep copy of this module whose Parameters are `dtype`, without gradients (ties are
+        kept: a Parameter reached twice is copied once)."""
         dtype = float_dtype(dtype)
-        clone = copy.deepcopy(self)
+        clone = _deep_copy(self, {}, dtype)
         for _, module in clone.named_modules():
             module.dtype = dtype
-        for parameter in clone.parameters():
-            parameter.data = parameter.data.astype(dtype)
-            parameter.grad = None
         return clone
 
     def __repr__(self) -> str:
         children = [f"  {name}: {type(value).__name__}" for name, value in self._own()]
         return f"{type(self).__name__}(\n" + "\n".join(children) + "\n)" if children else \
             f"{type(self).__name__}()"
+
+
+_SHARED = (type(None), bool, int, float, complex, str, bytes, np.dtype, np.generic)
+
+
+def _deep_copy(value, memo: dict, dtype: np.dtype):
+    """copy.deepcopy(value) for Module.astype, with each Parameter's data converted to `dtype`
+    and its gradient dropped, walking Modules, Parameters, plain arrays and the containers
+    directly (deepcopy's generic protocol cost more than the model's forward at small sizes);
+    every other object, and a Module class with its own copy protocol, goes to deepcopy, with
+    the same memo (one object reached twice is copied once)."""
+    if isinstance(value, _SHARED):                  # immutable: deepcopy returns them as is
+        return value
+    key = id(value)
+    if key in memo:
+        return memo[key]
+    kind = type(value)
+    if kind is Parameter:
+        clone = memo[key] = Parameter(value.data.astype(dtype))
+    elif isinstance(value, Parameter):                  # a subclass: its own attributes too
+        clone = copy.deepcopy(value, memo)
+        clone.data, clone.grad = clone.data.astype(dtype), None
+    elif isinstance(value, Module) and not hasattr(value, "__deepcopy__") and \
+            not hasattr(value, "__setstate__"):
+        clone = memo[key] = object.__new__(kind)
+        clone.__dict__.update({name: _deep_copy(item, memo, dtype)
+                               for name, item in value.__getstate__().items()})
+    elif kind is np.ndarray and value.dtype != object:
+        clone = memo[key] = value.copy()
+    elif kind is list:
+        clone = memo[key] = []
+        clone.extend(_deep_copy(item, memo, dtype) for item in value)
+    elif kind is dict:
+        clone = memo[key] = {}
+        clone.update((_deep_copy(k, memo, dtype), _deep_copy(item, memo, dtype))
+                     for k, item in value.items())
+    elif kind is tuple:
+        items = tuple(_deep_copy(item, memo, dtype) for item in value)
+        clone = memo[key] = value if all(map(operator.is_, items, value)) else items
+    else:
+        clone = copy.deepcopy(value, memo)
+    return clone
 
 
 class Recorder:
