@@ -156,14 +156,16 @@ def _central_difference(objective: Callable[[], float], array: np.ndarray, index
 
 
 def _directional(objective: Callable[[], float], arrays: Sequence[np.ndarray],
-                 directions: Sequence[np.ndarray], step: float) -> float:
-    originals = [a.copy() for a in arrays]
-    step *= max([1.0] + [float(np.abs(a).max(initial=0.0)) for a in arrays])
-    for array, original, v in zip(arrays, originals, directions):
-        np.copyto(array, original + step * v)
+                 originals: Sequence[np.ndarray], directions: Sequence[np.ndarray],
+                 step: float) -> float:
+    """(L(x + step v) - L(x - step v)) / (2 step), the arrays (copies in `originals`) set to
+    each point in turn and restored."""
+    moves = [v * step for v in directions]
+    for array, original, move in zip(arrays, originals, moves):
+        np.add(original, move, out=array)
     plus = objective()
-    for array, original, v in zip(arrays, originals, directions):
-        np.copyto(array, original - step * v)
+    for array, original, move in zip(arrays, originals, moves):
+        np.subtract(original, move, out=array)
     minus = objective()
     for array, original in zip(arrays, originals):
         np.copyto(array, original)
@@ -197,10 +199,13 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
         return GradcheckReport(title, "full", rows)
     rows = []
     names = list(tensors)
+    arrays = [tensors[name] for name in names]
+    originals = [array.copy() for array in arrays]
+    step *= max([1.0] + [float(np.abs(array).max(initial=0.0)) for array in arrays])
     for k in range(directions):
         vs = [rng.standard_normal(tensors[name].shape) for name in names]
         vs = [np.where(skip[name], 0.0, v) if name in skip else v for name, v in zip(names, vs)]
-        numerical = _directional(objective, [tensors[name] for name in names], vs, step)
+        numerical = _directional(objective, arrays, originals, vs, step)
         predicted = sum(float(np.sum(np.asarray(analytic[name], dtype=np.float64) * v))
                         for name, v in zip(names, vs))
         label = f"direction {k} over {len(names)} tensor{'s' * (len(names) != 1)}"
