@@ -51,3 +51,69 @@ def test_it_says_what_it_set():
 def test_elsewhere_it_changes_nothing_and_says_so(monkeypatch):
     monkeypatch.setattr(memory.sys, "platform", "darwin")
     assert memory.reuse_freed_memory() == "allocator unchanged (not glibc)"
+
+
+# -- the backward lets the gradient of the logits go ------------------------------------------
+def _family(family: str):
+    import numpy as np
+
+    from numpy_tf import GPT, Bert, BertConfig, GPTConfig, GPTNeoX, Llama, LlamaConfig, NeoXConfig
+    from numpy_tf.models import Gemma, GemmaConfig
+    from numpy_tf.models.mixtral import Mixtral, MixtralConfig, MixtralLoss
+    from numpy_tf.models.objectives import MaskedLMLoss, NextTokenLoss
+
+    ids = np.random.default_rng(0).integers(1, 30, (2, 6))
+    small = dict(vocab_size=32, hidden_size=16, intermediate_size=24, num_attention_heads=4)
+    labels = np.where(np.arange(6) % 2 == 0, ids, -100)
+    build = {
+        "gpt": lambda: (NextTokenLoss(GPT(GPTConfig.tiny(vocab_size=32), rng=0)), (ids,)),
+        "llama": lambda: (NextTokenLoss(Llama(LlamaConfig(**small, num_key_value_heads=2),
+                                              rng=0)), (ids,)),
+        "gemma": lambda: (NextTokenLoss(Gemma(GemmaConfig(**small, num_key_value_heads=2),
+                                              rng=0)), (ids,)),
+        "neox": lambda: (NextTokenLoss(GPTNeoX(NeoXConfig(**small, rotary_pct=0.5), rng=0)),
+                         (ids,)),
+        "mixtral": lambda: (MixtralLoss(Mixtral(MixtralConfig(
+            **small, num_key_value_heads=2, num_local_experts=4), rng=0)), (ids,)),
+        "bert": lambda: (MaskedLMLoss(Bert(BertConfig(), rng=0)), (ids, labels)),
+    }
+    return build[family]()
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama", "gemma", "neox", "mixtral", "bert"])
+def test_the_backward_lets_dlogits_go_once_the_head_has_used_it(monkeypatch, family):
+    """The (B, T, V) gradient of the logits, often the step's largest array, is dead before
+    the first block's backward starts (a weak reference to it is cleared): no frame of the
+    objective's or the model's backward keeps it."""
+    import re
+    import weakref
+
+    from numpy_tf.layers import cross_entropy_loss
+    from numpy_tf.models import mixtral, objectives
+
+    objective, inputs = _family(family)
+    made = []
+
+    def remembered(dloss, cache):
+        dlogits = cross_entropy_loss.cross_entropy_backward(dloss, cache)
+        made.append(weakref.ref(dlogits))
+        return dlogits
+
+    for module in (objectives, mixtral):
+        monkeypatch.setattr(module, "cross_entropy_backward", remembered)
+    seen = []
+    blocks = [m for name, m in objective.named_modules()
+              if re.fullmatch(r".*\.(blocks|layers|layer)\.\d+", name)]
+    assert len(blocks) > 1, family
+    first = blocks[-1]                              # the block nearest the head
+
+    backward = first.backward
+
+    def watched(*args):
+        seen.append(made[-1]() is None)
+        return backward(*args)
+
+    first.backward = watched
+    loss, cache = objective.forward(*inputs)
+    objective.backward(1.0, cache)
+    assert made and seen and all(seen), family

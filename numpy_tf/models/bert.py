@@ -323,5 +323,6 @@ class Bert(Module):
         dlogits must have exactly the logits' shape (B, T, V) and dtype."""
         validate.backward_inputs(dlogits, cache, BertCache, "dlogits")
         dhidden = self.mlm_head.backward(dlogits, cache.mlm_head)   # logits = mlm_head(hidden)
+        del dlogits                 # (B, T, V), often the largest array: not held any longer
         self.encode_backward(dhidden, cache.encode)                 # hidden = encode(ids)
         return None

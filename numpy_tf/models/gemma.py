@@ -290,6 +290,7 @@ class Gemma(Llama):
         if cache.final_softcap is not None:
             dlogits = self.final_softcap.backward(dlogits, cache.final_softcap)
         dx = self.lm_head.backward(dlogits, cache.lm_head)          # logits = lm_head(x)
+        del dlogits                 # (B, T, V), often the largest array: not held any longer
         dx = self.norm.backward(dx, cache.norm)                     # x = norm(x)
         for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
             dx = layer.backward(dx, layer_cache)                    # x = layer(x)

@@ -356,6 +356,7 @@ class Llama(Module):
         dlogits must have exactly the logits' shape (B, T, V) and dtype."""
         validate.backward_inputs(dlogits, cache, LlamaCache, "dlogits")
         dx = self.lm_head.backward(dlogits, cache.lm_head)          # logits = lm_head(x)
+        del dlogits                 # (B, T, V), often the largest array: not held any longer
         dx = self.norm.backward(dx, cache.norm)                     # x = norm(x)
         for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
             dx = layer.backward(dx, layer_cache)                    # x = layer(x)

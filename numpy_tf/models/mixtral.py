@@ -228,6 +228,7 @@ class Mixtral(Llama):
         if drouter_logits is None:
             drouter_logits = [None] * len(cache.layers)
         dx = self.lm_head.backward(dlogits, cache.lm_head)          # logits = lm_head(x)
+        del dlogits                 # (B, T, V), often the largest array: not held any longer
         dx = self.norm.backward(dx, cache.norm)                     # x = norm(x)
         for layer, layer_cache, drouter in zip(reversed(list(self.layers)),
                                                reversed(cache.layers),
@@ -282,12 +283,13 @@ class MixtralLoss(NextTokenLoss):
     def backward(self, dloss, cache: MixtralLossCache):
         """loss = CE(logits) + coefficient * aux(router logits): each term's gradient, then the
         model's backward with both."""
-        dlogits = cross_entropy_backward(dloss, cache.loss)         # CE(logits, targets)
         drouter_logits = None
         if cache.aux is not None:                                   # + coefficient * aux
             drouter_logits = load_balancing_loss_backward(cache.coefficient * float(dloss),
                                                           cache.aux)
-        return self.model.backward(dlogits, cache.model, drouter_logits)
+        return self.model.backward(                                 # dlogits unnamed: the
+            cross_entropy_backward(dloss, cache.loss),              # model lets it go after
+            cache.model, drouter_logits)                            # its head; CE(logits)
 
 
 

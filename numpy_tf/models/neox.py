@@ -323,6 +323,7 @@ class GPTNeoX(Module):
         """The forward in exact reverse; returns None (integer ids have no gradient)."""
         validate.backward_inputs(dlogits, cache, NeoXCache, "dlogits")
         dx = self.embed_out.backward(dlogits, cache.embed_out)          # logits = embed_out(x)
+        del dlogits                 # (B, T, V), often the largest array: not held any longer
         dx = self.final_layer_norm.backward(dx, cache.final_layer_norm)  # x = final_norm(x)
         for layer, layer_cache in zip(reversed(list(self.layers)), reversed(cache.layers)):
             dx = layer.backward(dx, layer_cache)                        # x = layer(x)

@@ -59,9 +59,11 @@ class _ModelLoss(Module):
         return loss, ModelLossCache(model_cache, loss_cache, logits)
 
     def backward(self, dloss, cache: ModelLossCache):
-        """The forward in exact reverse; returns what the model's backward returns."""
-        dlogits = cross_entropy_backward(dloss, cache.loss)         # loss = CE(logits, targets)
-        return self.model.backward(dlogits, cache.model)            # logits = model(inputs)
+        """The forward in exact reverse; returns what the model's backward returns. dlogits
+        is handed on without a name here, so that the model's backward can let it go once its
+        head has used it (the (B, T, V) array is often the step's largest)."""
+        return self.model.backward(                                 # logits = model(inputs)
+            cross_entropy_backward(dloss, cache.loss), cache.model)  # loss = CE(logits, targets)
 
 
 class NextTokenLoss(_ModelLoss):
