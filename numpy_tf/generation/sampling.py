@@ -39,6 +39,8 @@ def check_logits(name: str, logits: np.ndarray) -> None:
     finite logit. A -inf logit is a blocked token (masking), so it is allowed; a row of them
     blocks every token and is refused, as is any NaN or +inf (softmax of either is NaN, and
     the draw would silently return token 0)."""
+    if logits.size and np.isfinite(logits).all():   # the usual case, in one pass
+        return
     with np.errstate(invalid="ignore"):
         problems = [("NaN", np.isnan(logits)), ("+inf", logits == np.inf)]
     problems.append(("-inf in every entry of a row (no token left to draw)",

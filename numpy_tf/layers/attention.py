@@ -196,6 +196,8 @@ def _grouped(x: np.ndarray, groups: int) -> np.ndarray:
 def check_qkv(q, k, v) -> None:
     """q (B, H, Tq, d), k (B, G, Tk, d), v (B, G, Tk, dv): float arrays of one dtype, one batch
     size, keys and values of one length, G dividing H (every attention function's inputs)."""
+    if _plain_qkv(q, k, v):
+        return                          # the usual inputs, accepted in one test
     validate.float_array("q", q, ndim=4, shape="(B, H, Tq, d)")
     validate.float_array("k", k, ndim=4, shape="(B, G, Tk, d)")
     validate.float_array("v", v, ndim=4, shape="(B, G, Tk, dv)")
@@ -214,6 +216,18 @@ def check_qkv(q, k, v) -> None:
         raise ValueError(f"the key/value heads ({groups}) must divide the query heads "
                          f"({heads})")
 
+
+
+def _plain_qkv(q, k, v) -> bool:
+    """check_qkv's requirements of the usual inputs in one expression (ndarrays themselves, so
+    nothing unusual slips through); False sends them through the full checks, which say what
+    is wrong. The checks cost more than a decoded token's attention itself."""
+    return (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray
+            and q.dtype in validate.FLOAT_DTYPES and q.dtype == k.dtype == v.dtype
+            and q.ndim == k.ndim == v.ndim == 4
+            and q.shape[0] == k.shape[0] == v.shape[0] and k.shape[3] == q.shape[3]
+            and v.shape[1:3] == k.shape[1:3] and k.shape[1] > 0
+            and q.shape[1] % k.shape[1] == 0)
 
 
 def attention_scale(scale, q: np.ndarray) -> float:

@@ -145,8 +145,13 @@ class HeadAttention(Module):
     def _check_inputs(self, query, key, value, past_kv, static_kv) -> None:
         """query (B, Tq, C), key and value (B, Tk, C) of the query's dtype, and the KV caches
         (k, v) heads (B, G, P, d) of the query's batch and dtype, before any work."""
-        validate.float_array("query", query, ndim=3, shape="(B, Tq, C)")
         width = self.output_layer.out_features
+        if key is None and value is None and static_kv is None and \
+                type(query) is np.ndarray and query.ndim == 3 and \
+                query.dtype in validate.FLOAT_DTYPES and query.shape[2] == width and \
+                (past_kv is None or self._plain_kv(past_kv, query)):
+            return                      # self-attention's usual inputs, accepted in one test
+        validate.float_array("query", query, ndim=3, shape="(B, Tq, C)")
         validate.last_dim("query", query, width, "the model width C")
         if static_kv is not None and key is not None:
             raise ValueError("give either key/value or static_kv, not both")
@@ -164,6 +169,17 @@ class HeadAttention(Module):
         for name, pair in (("past_kv", past_kv), ("static_kv", static_kv)):
             if pair is not None:
                 self._check_kv(name, pair, query)
+
+    def _plain_kv(self, pair, query: np.ndarray) -> bool:
+        """_check_kv's requirements of a usual KV cache in one expression (a decoded token's
+        checks cost more than its attention)."""
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            return False
+        k, v = pair
+        return (type(k) is np.ndarray and type(v) is np.ndarray and k.ndim == 4
+                and k.dtype == query.dtype == v.dtype
+                and k.shape == v.shape == (query.shape[0], self.num_kv_heads, k.shape[2],
+                                           self.head_dim))
 
     def _check_kv(self, name: str, pair, query: np.ndarray) -> None:
         """A KV cache: (k, v), each (B, G, P, d) with the query's B and dtype, one P."""
