@@ -222,3 +222,45 @@ def test_the_kernel_backward_uses_an_explicit_scale(scale):
     for ours, reference in zip(attention_backward_into(dout, *cache),
                                attention_backward(dout, cache)):
         np.testing.assert_allclose(ours, reference, rtol=1e-12, atol=1e-13)
+
+
+def test_the_one_test_fast_paths_accept_only_what_the_full_checks_accept(monkeypatch):
+    """check_qkv's and MultiHeadAttention's one-expression tests of the usual inputs: every
+    input they accept, over shapes that break each rule in turn and mixed dtypes, also passes
+    the full checks (run with the fast test switched off)."""
+    from itertools import product
+
+    from numpy_tf.layers import attention as attention_module
+    from numpy_tf.layers.multihead import FusedAttention
+
+    fast_qkv = attention_module._plain_qkv
+    shapes = [(2, 4, 3, 8), (2, 2, 5, 8), (2, 2, 5, 6), (1, 2, 5, 8), (2, 3, 5, 8), (2, 0, 5, 8),
+              (2, 4, 3), (2, 2, 4, 8)]
+    dtypes = [np.float32, np.float64, np.int64]
+    accepted = 0
+    for (qs, ks, vs), (qd, kd, vd) in product(product(shapes, repeat=3),
+                                              [(a, a, a) for a in dtypes] +
+                                              [(np.float32, np.float64, np.float32)]):
+        q, k, v = np.zeros(qs, qd), np.zeros(ks, kd), np.zeros(vs, vd)
+        if fast_qkv(q, k, v):
+            accepted += 1
+            monkeypatch.setattr(attention_module, "_plain_qkv", lambda *a: False)
+            attention_module.check_qkv(q, k, v)             # raises if the fast test erred
+            monkeypatch.setattr(attention_module, "_plain_qkv", fast_qkv)
+    assert accepted > 10
+
+    layer = FusedAttention(8, 2, rng=0)                     # heads of width 4, G = 2
+    query = np.zeros((2, 3, 8))
+    pasts = [(np.zeros((2, 2, p, 4)), np.zeros((2, 2, p, 4))) for p in (0, 5)] + [
+        (np.zeros((2, 2, 5, 4)), np.zeros((2, 2, 4, 4))),
+        (np.zeros((1, 2, 5, 4)), np.zeros((1, 2, 5, 4))),
+        (np.zeros((2, 2, 5, 4), np.float32), np.zeros((2, 2, 5, 4), np.float32)),
+        (np.zeros((2, 2, 5, 2)), np.zeros((2, 2, 5, 2))),
+        (np.zeros((2, 1, 5, 4)), np.zeros((2, 1, 5, 4))),
+        (np.zeros((2, 2, 5, 4)),), [np.zeros((2, 2, 5, 4))] * 2]
+    accepted = 0
+    for past in pasts:
+        if layer._plain_kv(past, query):
+            accepted += 1
+            layer._check_kv("past_kv", past, query)        # raises if the fast test erred
+    assert accepted == 2                                    # the two plain caches
