@@ -202,12 +202,20 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
     arrays = [tensors[name] for name in names]
     originals = [array.copy() for array in arrays]
     step *= max([1.0] + [float(np.abs(array).max(initial=0.0)) for array in arrays])
+    # every tensor's direction is a piece of one draw (the same numbers as one draw per tensor,
+    # in order), and <analytic, v> one dot product over the pieces laid end to end
+    ends = np.cumsum([array.size for array in arrays])
+    gradient = np.concatenate([np.asarray(analytic[name], dtype=np.float64).ravel()
+                               for name in names])
+    constant = np.concatenate([skip[name].ravel() if name in skip else
+                               np.zeros(tensors[name].size, dtype=bool) for name in names])
     for k in range(directions):
-        vs = [rng.standard_normal(tensors[name].shape) for name in names]
-        vs = [np.where(skip[name], 0.0, v) if name in skip else v for name, v in zip(names, vs)]
+        whole = rng.standard_normal(int(ends[-1]))
+        whole[constant] = 0.0                           # skipped elements are not perturbed
+        vs = [piece.reshape(array.shape)
+              for piece, array in zip(np.split(whole, ends[:-1]), arrays)]
         numerical = _directional(objective, arrays, originals, vs, step)
-        predicted = sum(float(np.sum(np.asarray(analytic[name], dtype=np.float64) * v))
-                        for name, v in zip(names, vs))
+        predicted = float(gradient @ whole)
         label = f"direction {k} over {len(names)} tensor{'s' * (len(names) != 1)}"
         rows.append(compare_gradients(label, np.array(predicted), np.array(numerical)))
     return GradcheckReport(title, "fast", rows)
