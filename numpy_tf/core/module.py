@@ -140,8 +140,9 @@ class Module:
                 yield from value.named_modules(f"{prefix}.{name}" if prefix else name)
 
     def _named_parameters_all(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
-        own = [(n, v) for n, v in self._own() if isinstance(v, Parameter)]
-        children = [(n, v) for n, v in self._own() if isinstance(v, Module)]
+        held = list(self._own())
+        own = [(n, v) for n, v in held if isinstance(v, Parameter)]
+        children = [(n, v) for n, v in held if isinstance(v, Module)]
         for name, parameter in own:
             yield (f"{prefix}.{name}" if prefix else name), parameter
         for name, child in children:
