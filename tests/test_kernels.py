@@ -15,6 +15,8 @@ draws of every edge case (in parentheses), rounded up to a power of two; the tes
 """
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numpy_tf import (GELU, Embedding, FusedAttention, LayerNorm, Linear, RMSNorm,
                       reference_path)
@@ -180,6 +182,28 @@ def test_the_float32_gelu_forward_is_within_8_ulps_of_every_element():
         with np.errstate(invalid="ignore"):         # -inf Phi(-inf) = -inf 0 is NaN in both
             assert same_bits(gelu_kernels.gelu_forward_blocks(mixed, "none"),
                              activations.gelu_forward(mixed)[0]), special_value
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(0.05, 60.0), st.integers(0, 3))
+def test_the_float32_gelu_forward_holds_its_bound_on_any_block(seed, scale, specials):
+    """Blocks of 4096 to 12000 elements drawn at any spread (mostly near zero to mostly past
+    |x| = 38) with infs and NaNs sprinkled in: every element within 8 ulps of its own reference
+    value (where that is above 1e-30), zeros of the same sign, NaN where the reference's is."""
+    rng = np.random.default_rng(seed)
+    x = (scale * rng.standard_normal(int(rng.integers(4096, 12000)))).astype(np.float32)
+    x[rng.integers(0, x.size, specials)] = rng.choice([np.inf, -np.inf, np.nan], specials)
+    with np.errstate(invalid="ignore"):
+        want = activations.gelu_forward(x)[0]
+        got = gelu_kernels.gelu_forward_blocks(x, "none")
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    infinite = np.isinf(want)
+    assert np.array_equal(got[infinite], want[infinite])
+    shown = np.isfinite(want) & (np.abs(want) > 1e-30)
+    ulps = np.abs(got[shown].astype(np.float64) - want[shown]) / np.spacing(np.abs(want[shown]))
+    assert ulps.max(initial=0.0) <= GELU_FLOAT32_ELEMENT_ULPS
+    zero = want == 0
+    assert np.array_equal(np.signbit(got[zero]), np.signbit(want[zero]))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
