@@ -75,7 +75,9 @@ def _exp_minus_square(y: np.ndarray) -> np.ndarray:
     return square
 
 
-def _erfc_fit_float32(y: np.ndarray) -> np.ndarray:
+def erfc_fit_float32(y: np.ndarray) -> np.ndarray:
+    """special.erfc_fit_float32 in place: erfc(y) = t exp(P(t) - y^2), t = 2 / (2 + y), the
+    far formula of float32 (kernels.gelu also takes it for every element of a block)."""
     y = np.minimum(y, UNDERFLOW)
     t = y + 2.0
     np.divide(2.0, t, out=t)
@@ -117,7 +119,7 @@ def _erfc_beyond(y: np.ndarray) -> np.ndarray:
     """erfc(y) for y > 0.46875 (and inf, NaN): R2 on min(y, 4) everywhere, R3 overwriting
     the elements past 4 (float64); the fit (float32)."""
     if y.dtype == np.float32:
-        return _erfc_fit_float32(y)
+        return erfc_fit_float32(y)
     tail = _erfc_medium(np.minimum(y, MEDIUM))
     large = np.flatnonzero(y > MEDIUM)
     if large.size:
@@ -147,7 +149,7 @@ def erf_block(x: np.ndarray, complement: bool) -> np.ndarray:
         if inside < _FLOAT32_ERFC_NEAR_SHARE * near.size:
             # float32's far formula holds for every |x|: it runs on the whole block (cheaper
             # than gathering the far elements) and the few near elements are overwritten.
-            out = _erfc_of_signed(_erfc_fit_float32(y), x)
+            out = _erfc_of_signed(erfc_fit_float32(y), x)
             inner = np.flatnonzero(near)
             if inner.size:
                 head = _erf_near_zero(x[inner])

@@ -13,11 +13,11 @@ With a = |x| and h = Phi(-a) = erfc(a / sqrt 2) / 2, the smaller tail,
 
     Phi(x) = 1 - h (x >= 0), h (x < 0),   so   y = x Phi(x) = (x + a) / 2 - a h,
 
-and h is the reference's far formula (core.special: t exp(P(t) - z^2) / 2, z = a / sqrt 2,
-t = 2 / (2 + z), the halving folded into P's constant as log(1/2); z^2 split as there), which
-holds near zero too (relative error below 1.2e-7 for every z >= 0). No element is gathered by
+and h is half the reference's far formula (core.special: t exp(P(t) - z^2), z = a / sqrt 2,
+t = 2 / (2 + z), computed by kernels.erf in the reference's order), which holds near zero too
+(relative error below 1.2e-7 for every z >= 0). No element is gathered by
 region and (x + a) / 2 is max(x, 0) exactly, so the block is some 35 passes of in-place
-arithmetic, about 1.7 times as fast as the two regions on N(0, 1) inputs; a block mostly near
+arithmetic, about 1.3 times as fast as the two regions on N(0, 1) inputs; a block mostly near
 zero, as in a freshly initialised model, runs the two regions, the faster there. Near zero the
 reference takes Cody's R1 instead, so the two differ there by a few ulps (the bound is in
 tests/test_kernels.py); the far formula's rounding of z^2 (up to ~170 ulps at x = -11.6, in
@@ -31,12 +31,11 @@ import math
 
 import numpy as np
 
-from ..core.special import NR_ERFC, SMALL
+from ..core.special import SMALL
 from .blocks import map_blocks
-from .erf import erf_block
+from .erf import erf_block, erfc_fit_float32
 
 _SQRT_HALF = math.sqrt(0.5)
-_LOG_HALF = math.log(0.5)
 _ONE_FORMULA_LIMIT = 38.0           # |x| up to which the float32 forward takes one formula
 _NEAR_ZERO = SMALL / _SQRT_HALF     # |x| of the reference's near-zero region (erfc's |y| <= SMALL)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -55,29 +54,10 @@ def _tanh_of_u(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu_one_formula_float32(x: np.ndarray, a: np.ndarray, out: np.ndarray) -> None:
-    """out = (x + a) / 2 - a h, h = erfc(z) / 2 = t exp(P(t) + log(1/2) - z^2), for one
-    float32 block x with a = |x| <= 38."""
-    z = a * _SQRT_HALF
-    t = z + 2.0
-    np.divide(2.0, t, out=t)                             # t = 2 / (2 + z)
-    h = t * NR_ERFC[9]
-    for coefficient in NR_ERFC[8:0:-1]:                  # P(t) by Horner's rule
-        h += coefficient
-        h *= t
-    h += NR_ERFC[0] + _LOG_HALF
-    s = z * 16.0                                         # z^2 = s^2 + (z - s)(z + s)
-    np.floor(s, out=s)
-    s *= 1.0 / 16.0
-    rest = z - s
-    z += s
-    rest *= z
-    h -= rest
-    np.exp(h, out=h)
-    s *= s
-    np.negative(s, out=s)
-    np.exp(s, out=s)
-    h *= s
-    h *= t                                               # h = erfc(z) / 2
+    """out = (x + a) / 2 - a h, h = erfc(a / sqrt 2) / 2 by float32's far formula (kernels.erf,
+    the reference's operations), for one float32 block x with a = |x| <= 38."""
+    h = erfc_fit_float32(a * _SQRT_HALF)
+    h *= 0.5                                             # h = Phi(-a), exactly halved
     h *= a
     np.add(x, a, out=out)
     out *= 0.5                                           # max(x, 0), exactly
@@ -89,8 +69,8 @@ def _gelu_one_formula_float32(x: np.ndarray, a: np.ndarray, out: np.ndarray) -> 
 def _mostly_far(x: np.ndarray) -> bool:
     """Whether more than 1/8 of a block (judged on every 16th element) lies beyond the
     reference's near-zero region: there the one formula is the faster (at a share of 3 %, as
-    in a freshly initialised model, the two regions cost 3.5 ns an element and the one
-    formula 4.3; at 18 % 5.1 and 4.6; at 50 %, N(0, 1), 7.9 and 4.6). A block of fewer than
+    in a freshly initialised model, the two regions cost 3.7 ns an element and the one
+    formula 5.1; at 18 % 5.9 and 5.3; at 50 %, N(0, 1), 7.5 and 5.6). A block of fewer than
     4096 elements (a decoded token's row) costs its calls more than its arithmetic and runs
     the two regions, without this look."""
     if x.size < 4096:

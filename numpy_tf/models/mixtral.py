@@ -287,9 +287,10 @@ class MixtralLoss(NextTokenLoss):
         if cache.aux is not None:                                   # + coefficient * aux
             drouter_logits = load_balancing_loss_backward(cache.coefficient * float(dloss),
                                                           cache.aux)
-        return self.model.backward(                                 # dlogits unnamed: the
-            cross_entropy_backward(dloss, cache.loss),              # model lets it go after
-            cache.model, drouter_logits)                            # its head; CE(logits)
+        # dlogits = d CE / d logits is passed without a name here, so that the model's
+        # backward can let the (B, T, V) array go once its head has used it
+        return self.model.backward(cross_entropy_backward(dloss, cache.loss), cache.model,
+                                   drouter_logits)
 
 
 
