@@ -32,7 +32,6 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 def run_worker(task: str, threads: int, options: list[str], extra_env: dict | None = None) -> dict:
     environment = dict(os.environ)
     environment.update({name: str(threads) for name in THREAD_VARIABLES})
-    environment.setdefault("NUMPY_TF_NUM_THREADS", str(threads))   # numpy_tf's own blocks
     environment.update(extra_env or {})
     environment["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
@@ -213,9 +212,9 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", default="tiny,small,medium,large")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--threads", default="1,2", metavar="N[,N...]",
-                        help="the thread counts to time, each for NumPy's BLAS, torch and "
-                             "numpy_tf's blocks alike (default 1,2; NUMPY_TF_NUM_THREADS, "
-                             "if set, fixes numpy_tf's blocks instead)")
+                        help="the thread counts to time, each for NumPy's BLAS and torch alike "
+                             "(default 1,2); numpy_tf's own elementwise blocks run on "
+                             "NUMPY_TF_NUM_THREADS, 1 when unset, at every count")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed runs per measurement and process (default: by size)")
     parser.add_argument("--rounds", type=int, default=2,

@@ -1,11 +1,13 @@
 """Where a training step's CPU time goes, by layer family: `python -m benchmarks.step_profile`.
 
     python -m benchmarks.step_profile [--size medium] [--dtype float32] [--steps 3] [--threads 1]
+                                      [--clock cpu|wall]
 
 Runs numpy_tf's step (zero the gradients, forward, cross-entropy, backward: benchmarks/worker.py
 numpy_step) under cProfile with time.process_time as its clock, so the numbers are CPU time
 (of every thread of the process: BLAS threads count against the product that started them) and
-mean something on a machine busy with other processes, where wall-clock times do not. Each
+mean something on a machine busy with other processes, where wall-clock times do not
+(`--clock wall` profiles elapsed time instead: what a second thread gains shows there). Each
 function's own time goes to the family of the file it is in; the time of NumPy's C functions
 (products, ufuncs, reductions) goes to the family of the Python function that called them, in
 proportion to what cProfile recorded per caller. Prints a Markdown table, ms per step.
@@ -33,6 +35,8 @@ FAMILIES = {
     "layers/positions": "embeddings",
     "models/gpt": "blocks and model (residual sums, the listing)",
 }
+# --clock: the profiler's clock and what its numbers are called
+CLOCKS = {"cpu": (time.process_time, "CPU"), "wall": (time.perf_counter, "wall-clock")}
 ORDER = ["Linear", "attention", "GELU", "LayerNorm", "cross-entropy", "embeddings",
          "blocks and model (residual sums, the listing)", "core (Module, checks)",
          "the step (zeroing the gradients)", "other"]
@@ -90,7 +94,8 @@ def _caller_family(caller, raw, seen=None) -> str | None:
     return _caller_family(heaviest, raw, seen)
 
 
-def profile_step(size: str, dtype: str, steps: int) -> tuple[dict[str, float], float]:
+def profile_step(size: str, dtype: str, steps: int,
+                 clock=time.process_time) -> tuple[dict[str, float], float]:
     from benchmarks.models import batch_ids, config_for
     from benchmarks.worker import numpy_step
     from numpy_tf.models.gpt import GPT
@@ -99,21 +104,21 @@ def profile_step(size: str, dtype: str, steps: int) -> tuple[dict[str, float], f
     model = GPT(config_for(size), rng=0, dtype=np.dtype(dtype))
     objective, parameters, ids = NextTokenLoss(model), model.parameters(), batch_ids(size)
     numpy_step(objective, ids, parameters)                      # warm: gradients allocated
-    profiler = cProfile.Profile(time.process_time)
-    start = time.process_time()
+    profiler = cProfile.Profile(clock)
+    start = clock()
     profiler.enable()
     for _ in range(steps):
         numpy_step(objective, ids, parameters)
     profiler.disable()
-    total = (time.process_time() - start) / steps
+    total = (clock() - start) / steps
     totals = by_family(pstats.Stats(profiler))
     totals.pop("numpy (Python side)", None)     # its C calls are already in the families
     return {name: seconds / steps for name, seconds in totals.items()}, total
 
 
-def table(families: dict[str, float], total: float) -> str:
+def table(families: dict[str, float], total: float, clock: str = "cpu") -> str:
     counted = sum(families.values())
-    lines = ["| layer family | CPU ms per step | share |", "|---|---|---|"]
+    lines = [f"| layer family | {CLOCKS[clock][1]} ms per step | share |", "|---|---|---|"]
     for name in ORDER:
         if families.get(name):
             lines.append(f"| {name} | {families[name] * 1e3:.1f} | "
@@ -129,7 +134,13 @@ def main(argv=None) -> None:
     parser.add_argument("--size", default="medium", choices=("tiny", "small", "medium", "large"))
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--threads", default="1", help="for NumPy's BLAS and numpy_tf's blocks")
+    parser.add_argument("--threads", default="1",
+                        help="for NumPy's BLAS (numpy_tf's blocks: NUMPY_TF_NUM_THREADS, 1 "
+                             "when unset)")
+    parser.add_argument("--clock", default="cpu", choices=tuple(CLOCKS),
+                        help="cpu (the default: every thread's CPU time) or wall (elapsed "
+                             "time, which shows what threads gain; meaningful on an idle "
+                             "machine only)")
     args = parser.parse_args(argv)
     from benchmarks.run import thread_counts
     from numpy_tf.core.memory import reuse_freed_memory
@@ -140,9 +151,10 @@ def main(argv=None) -> None:
         parser.exit(2, f"python -m benchmarks.step_profile: --threads takes one count; got "
                        f"{args.threads!r}\n")
     print(f"[{use_threads(threads[0])}; {reuse_freed_memory()}]")
-    families, total = profile_step(args.size, args.dtype, args.steps)
-    print(f"{args.size} {args.dtype}, {args.steps} steps, CPU time by layer family:\n")
-    print(table(families, total))
+    clock, name = CLOCKS[args.clock]
+    families, total = profile_step(args.size, args.dtype, args.steps, clock)
+    print(f"{args.size} {args.dtype}, {args.steps} steps, {name} time by layer family:\n")
+    print(table(families, total, args.clock))
 
 
 if __name__ == "__main__":

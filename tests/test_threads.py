@@ -50,15 +50,24 @@ def _blas_threads() -> set:
     return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
 
 
-def test_use_threads_sets_the_blocks_and_the_blas(monkeypatch):
+def test_use_threads_sets_the_blas_and_leaves_the_blocks_on_one_thread(monkeypatch):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     monkeypatch.delenv("NUMPY_TF_NUM_THREADS", raising=False)
     with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):   # restored on leaving
         line = threads.use_threads(2)
-        assert worker_threads() == 2 and _blas_threads() == {2}
-        assert line == "threads: 2; numpy_tf blocks 2, BLAS 2"
+        assert worker_threads() == 1 and _blas_threads() == {2}
+        assert line == "threads: 2; numpy_tf blocks 1, BLAS 2"
         threads.use_threads(1)
         assert worker_threads() == 1 and _blas_threads() == {1}
+
+
+def test_an_explicit_count_keeps_the_blocks_variable(monkeypatch):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setenv("NUMPY_TF_NUM_THREADS", "2")
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        line = threads.use_threads(1)
+        assert worker_threads() == 2 and _blas_threads() == {1}
+    assert line == "threads: 1; numpy_tf blocks as NUMPY_TF_NUM_THREADS=2, BLAS 1"
 
 
 def test_the_default_keeps_what_the_environment_chose(monkeypatch):
@@ -114,7 +123,7 @@ def test_a_bad_thread_count_is_one_line_and_status_2(capsys, command, bad):
 
 def test_train_runs_on_the_threads_given_and_says_so(tmp_path, capsys, monkeypatch):
     pytest.importorskip("threadpoolctl")
-    monkeypatch.setenv("NUMPY_TF_NUM_THREADS", "1")     # restored after the test
+    monkeypatch.delenv("NUMPY_TF_NUM_THREADS", raising=False)     # restored after the test
     assert main(["train", "--config", "tiny-gpt", "--steps", "2", "--batch-size", "2",
                  "--out", str(tmp_path), "--sample-tokens", "2", "--threads", "1"]) == 0
     assert "[threads: 1; numpy_tf blocks 1, BLAS 1]" in capsys.readouterr().out

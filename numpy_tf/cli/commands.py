@@ -926,10 +926,11 @@ def main(argv=None) -> int:
     train_parser.add_argument("--sample-tokens", type=int, default=300)
     train_parser.add_argument("--threads", default=None, metavar="N",
                               help="threads for NumPy's BLAS (through threadpoolctl, if "
-                                   "installed) and numpy_tf's blocks (default: "
-                                   "NUMPY_TF_NUM_THREADS and the BLAS variables if set, "
+                                   "installed; numpy_tf's own elementwise blocks stay "
+                                   "on NUMPY_TF_NUM_THREADS, 1 when unset). Default: "
+                                   "the BLAS variables if set, "
                                    "else the idle cores: the cores minus the load average, "
-                                   "at least 1)")
+                                   "at least 1")
     train_parser.set_defaults(run=train)
 
     sample_parser = commands.add_parser("sample", help="continue a prompt with a checkpoint")
@@ -985,10 +986,11 @@ def main(argv=None) -> int:
                                  help="where the wheel is kept (default ~/.cache/numpy_tf)")
     generate_parser.add_argument("--threads", default=None, metavar="N",
                                  help="threads for NumPy's BLAS (through threadpoolctl, if "
-                                      "installed) and numpy_tf's blocks (default: "
-                                      "NUMPY_TF_NUM_THREADS and the BLAS variables if set, "
+                                      "installed; numpy_tf's own elementwise blocks stay "
+                                      "on NUMPY_TF_NUM_THREADS, 1 when unset). Default: "
+                                      "the BLAS variables if set, "
                                       "else the idle cores: the cores minus the load average, "
-                                      "at least 1)")
+                                      "at least 1")
     generate_parser.set_defaults(run=generate_command)
     add_plot_parser(commands)
 

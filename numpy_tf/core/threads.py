@@ -1,21 +1,27 @@
-"""How many threads numpy_tf runs on: its own blocks (kernels/blocks.py) and NumPy's BLAS.
+"""How many threads numpy_tf runs on: NumPy's BLAS, and its own blocks (kernels/blocks.py).
 
-Two pools do the work of a step: NumPy's BLAS (OpenBLAS, MKL, ...) in the matrix products, and
-map_blocks's worker threads in the elementwise kernels. `use_threads(n)` sets both to n:
+Two pools could do the work of a step: NumPy's BLAS (OpenBLAS, MKL, ...) in the matrix
+products, and map_blocks's worker threads in the elementwise kernels. `use_threads(n)` sets
+the BLAS to n and leaves the blocks on one thread unless NUMPY_TF_NUM_THREADS says otherwise:
 
-- the blocks, by setting NUMPY_TF_NUM_THREADS in this process's environment (map_blocks reads it
-  on each call);
 - the BLAS, through threadpoolctl (optional: `pip install threadpoolctl`, or the [bench]
   extra), which changes the count of an already loaded BLAS. Without threadpoolctl the BLAS
   keeps the count it read when NumPy loaded it, from OPENBLAS_NUM_THREADS / OMP_NUM_THREADS /
   MKL_NUM_THREADS (all cores when none is set): a process cannot change it afterwards, so set
   those variables before starting Python (`OPENBLAS_NUM_THREADS=1 numpy-tf train ...`).
+- the blocks, NUMPY_TF_NUM_THREADS in this process's environment (map_blocks reads it on each
+  call), 1 when unset. One thread is the faster on the machines measured: NumPy's ufuncs
+  release the GIL, but a block's operations are short (a pass over 32,768 elements takes a few
+  microseconds) and the threads spend the time handing the GIL to each other, while after each
+  product OpenBLAS's workers keep spinning on the other cores. Measured in the same process,
+  step by step, at 2 BLAS threads on a 2-core AMD EPYC: two block threads made the step of the
+  benchmarks' small and medium float32 GPT 6 % and 8 % slower than one (small float64 2 %).
 
-With no count given, `use_threads()` keeps what the environment chose (NUMPY_TF_NUM_THREADS for
-the blocks, the BLAS variables for the BLAS) and sets the rest to `default_threads`: never more
-threads than idle cores, at least one. On a machine busy with other processes, a BLAS spinning
-on every core only takes turns with them (measured: `train` 4.6 times slower with the default
-BLAS threads than with one, under load).
+With no count given, `use_threads()` keeps what the environment chose (the BLAS variables for
+the BLAS) and sets the rest to `default_threads`: never more threads than idle cores, at least
+one. On a machine busy with other processes, a BLAS spinning on every core only takes turns
+with them (measured: `train` 4.6 times slower with the default BLAS threads than with one,
+under load).
 """
 from __future__ import annotations
 
@@ -56,22 +62,18 @@ def machine_threads() -> int:
 
 
 def use_threads(threads: int | None = None) -> str:
-    """Run numpy_tf's blocks and NumPy's BLAS on `threads` threads (a positive int); None keeps
-    the environment's settings, gives the BLAS machine_threads() and leaves the blocks on one
-    thread. Returns one line that says what was set."""
+    """Run NumPy's BLAS on `threads` threads (a positive int); None keeps the environment's
+    setting, else gives the BLAS machine_threads(). numpy_tf's blocks stay as
+    NUMPY_TF_NUM_THREADS says, on one thread when it is unset. Returns one line that says what
+    was set."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
         raise ValueError(f"threads must be a positive integer; got {threads!r}")
     count = machine_threads() if threads is None else threads
-    if threads is None and os.environ.get(BLOCK_VARIABLE, "").strip():
+    if os.environ.get(BLOCK_VARIABLE, "").strip():
         blocks = f"numpy_tf blocks as {BLOCK_VARIABLE}={os.environ[BLOCK_VARIABLE]}"
-    elif threads is None:
-        # by default the blocks stay on one thread: with the BLAS on two, OpenBLAS's spinning
-        # workers held the second core, and two block threads made the step slower
-        blocks = "numpy_tf blocks 1"
     else:
-        os.environ[BLOCK_VARIABLE] = str(count)
-        blocks = f"numpy_tf blocks {count}"
+        blocks = "numpy_tf blocks 1"         # the faster (the module says why)
     chosen = [name for name in BLAS_VARIABLES if os.environ.get(name, "").strip()]
     if threads is None and chosen:
         blas = f"BLAS as {chosen[0]}={os.environ[chosen[0]]}"

@@ -2,10 +2,10 @@
 
 A block is small enough that its temporaries come back from the allocator's heap instead of
 being fresh pages from the system each time, and large enough that the Python calls made per
-block cost little next to the arithmetic. The threads are NUMPY_TF_NUM_THREADS (1 when unset;
-`numpy-tf train --threads N` and numpy_tf.core.threads.use_threads set it):
-after each matrix product NumPy's OpenBLAS keeps its own threads spinning on the other cores,
-and blocks handed to Python threads would then wait for a core.
+block cost little next to the arithmetic. The threads are NUMPY_TF_NUM_THREADS, 1 when unset,
+the faster on the machines measured (numpy_tf.core.threads says why and by how much): a
+block's passes are short, and Python threads spend the time handing the GIL to each other
+while OpenBLAS's workers spin on the other cores after each product.
 """
 from __future__ import annotations
 
