@@ -131,3 +131,87 @@ def test_bad_input():
         SwiGLU(4, 0)
     with pytest.raises(ValueError, match="activation must be one of"):
         feedforward(4, activation_name="swish")
+
+
+# -- the classic MLP's backward: GELU's gradient written into the second Linear's -------------
+def _mlp_step(activation, dtype, seed=0, lead=(3, 5), width=8, hidden=4096):
+    rng = np.random.default_rng(seed)
+    mlp = feedforward(width, hidden, activation, rng=seed, dtype=dtype)
+    x = (rng.standard_normal((*lead, width)) * 2.0).astype(dtype)
+    dout = rng.standard_normal((*lead, width)).astype(dtype)
+    out, cache = mlp.forward(x)
+    return mlp, x, dout, cache
+
+
+def _backward_grads(mlp, dout, cache, backward):
+    mlp.zero_grad()
+    dx = backward(dout, cache)
+    return dx, [p.grad.copy() for p in mlp.parameters()]
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mlp_backward_equals_sequentials_bit_for_bit(activation, dtype):
+    """MLP.backward lets the kernel's GELU write into the second Linear's input gradient; every
+    gradient is the same bits as Sequential's backward, which gives GELU a new array (hidden
+    4096 x 15 positions: several of the kernel's blocks)."""
+    from numpy_tf.core.module import Sequential
+
+    mlp, _, dout, cache = _mlp_step(activation, dtype)
+    dx, grads = _backward_grads(mlp, dout, cache, mlp.backward)
+    dx_seq, grads_seq = _backward_grads(mlp, dout, cache,
+                                        lambda d, c: Sequential.backward(mlp, d, c))
+    assert dx.dtype == dtype and dx.tobytes() == dx_seq.tobytes()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(grads, grads_seq))
+
+
+def test_mlp_backward_mutates_neither_dout_nor_the_cache_and_repeats():
+    mlp, _, dout, cache = _mlp_step("gelu", np.float32)
+    dout_before = dout.copy()
+    cached = [a.copy() for a in (cache.caches[1].x, cache.caches[1].out, cache.caches[2].x)]
+    first = mlp.backward(dout, cache)
+    second = mlp.backward(dout, cache)
+    assert np.array_equal(dout, dout_before)
+    assert all(np.array_equal(a, b) for a, b in
+               zip(cached, (cache.caches[1].x, cache.caches[1].out, cache.caches[2].x)))
+    assert first.tobytes() == second.tobytes() and first is not second
+
+
+def test_mlp_backward_holds_one_hidden_array_fewer():
+    """The point of MLP.backward: its peak is one (..., F) array below Sequential's, less a
+    block's slope, which is then a temporary of its own (traced by tracemalloc; the hidden
+    gradient is 128 x 4096 float32 = 2 MiB, a block 128 KiB)."""
+    import tracemalloc
+
+    from numpy_tf.core.module import Sequential
+    from numpy_tf.kernels.blocks import BLOCK
+
+    mlp, _, dout, cache = _mlp_step("gelu", np.float32, lead=(4, 32))
+    hidden_bytes = cache.caches[1].x.nbytes
+
+    def peak(backward):
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            backward(dout, cache)
+            return tracemalloc.get_traced_memory()[1] - start
+        finally:
+            tracemalloc.stop()
+    peak(mlp.backward)                                   # warm: gradient buffers allocated
+    sequential = peak(lambda d, c: Sequential.backward(mlp, d, c))
+    own = peak(mlp.backward)
+    assert sequential - own >= hidden_bytes - BLOCK * 4, (sequential, own, hidden_bytes)
+
+
+def test_mlp_backward_under_record_activations_records_the_gelu_gradient():
+    """A module whose backward is wrapped on the instance (here by record_activations) runs
+    Sequential's backward, so the wrapper sees GELU's gradient arrive."""
+    from numpy_tf.core.module import record_activations
+
+    mlp, x, dout, _ = _mlp_step("gelu", np.float64)
+    with record_activations(mlp) as recorder:
+        _, cache = mlp.forward(x)
+        dx = mlp.backward(dout, cache)
+    dx_plain = mlp.backward(dout, mlp.forward(x)[1])
+    assert set(recorder.gradients) == {"0", "1", "2"}
+    assert dx.tobytes() == dx_plain.tobytes()

@@ -107,24 +107,30 @@ def gelu_forward_blocks(x: np.ndarray, approximate: str) -> np.ndarray:
 
 
 def gelu_backward_blocks(dout: np.ndarray, x: np.ndarray, out: np.ndarray,
-                         approximate: str) -> np.ndarray:
-    """dx = dout dy/dx from GELU's input x and output y = out (its cache)."""
+                         approximate: str, *, overwrite_dout: bool = False) -> np.ndarray:
+    """dx = dout dy/dx from GELU's input x and output y = out (its cache). With
+    overwrite_dout, dx is written into dout's own array and returned (for a C-contiguous dout
+    that nobody else holds: layers.mlp.MLP passes the gradient its second Linear has just
+    made); each block's slope is then built in a block-sized temporary instead of in dx.
+    Either way an element is slope * dout, the same bits."""
     if np.shape(dout) != x.shape:
         raise ValueError(f"dout must have the shape of GELU's output {x.shape}; got "
                          f"{np.shape(dout)}")
     x_flat = np.ascontiguousarray(x).reshape(-1)
     y_flat = np.ascontiguousarray(out).reshape(-1)
-    dout_flat = np.ascontiguousarray(dout).reshape(-1)
-    dx = np.empty_like(x_flat)
+    in_place = overwrite_dout and dout.flags.c_contiguous and dout.flags.writeable
+    dout_flat = dout.reshape(-1) if in_place else np.ascontiguousarray(dout).reshape(-1)
+    dx = dout_flat if in_place else np.empty_like(x_flat)
 
     def evaluate(block: slice) -> None:
         x = x_flat[block]
+        into = None if in_place else dx[block]          # where the slope is built
         if approximate == "none":
             with np.errstate(invalid="ignore"):          # 0 / 0 where x = 0, mended below
                 cdf = y_flat[block] / x                  # Phi(x) = y / x
             if not x.all():
                 cdf[x == 0] = 0.5
-            slope = np.multiply(x, x, out=dx[block])     # built in dx's own block
+            slope = np.multiply(x, x, out=into)
             slope *= -0.5
             np.exp(slope, out=slope)
             slope *= _INV_SQRT_2PI                       # phi(x)
@@ -136,14 +142,14 @@ def gelu_backward_blocks(dout: np.ndarray, x: np.ndarray, out: np.ndarray,
             du_dx *= 3.0 * _TANH_CUBIC
             du_dx += 1.0
             du_dx *= _SQRT_2_OVER_PI
-            slope = np.multiply(t, t, out=dx[block])
+            slope = np.multiply(t, t, out=into)
             np.subtract(1.0, slope, out=slope)
             slope *= du_dx
             slope *= x
             slope += t
             slope += 1.0
             slope *= 0.5
-        slope *= dout_flat[block]
+        np.multiply(slope, dout_flat[block], out=dx[block])
 
     map_blocks(evaluate, x_flat.size)
     return dx.reshape(x.shape)

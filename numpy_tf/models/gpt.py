@@ -131,6 +131,7 @@ class DecoderBlock(Module):
         if self.norm_first:
             dh = self.feedforward.backward(dy, cache.feedforward)       # f = ffn(h)
             du = dy + self.norm2.backward(dh, cache.norm2)              # h = norm2(u); y = u + f
+            del dh                  # not held through attention's backward, the step's peak
             dh = self.attention.backward(du, cache.attention)           # a = attn(h)
             dx = du + self.norm1.backward(dh, cache.norm1)              # h = norm1(x); u = x + a
         else:
