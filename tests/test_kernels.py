@@ -392,6 +392,30 @@ def test_attention_forward_kernel_is_the_reference_bit_for_bit(monkeypatch, dtyp
             assert same_bits(a, b), case
 
 
+@given(batch=st.integers(1, 40), heads=st.integers(1, 8), tq=st.integers(0, 70),
+       tk=st.integers(0, 300), double=st.booleans())
+def test_one_chunk_is_whether_the_chunks_are_one(batch, heads, tq, tk, double):
+    """one_chunk (which sends a batch to the reference forward) says what _chunks does."""
+    q = np.empty((batch, heads, tq, 1), np.float64 if double else np.float32)
+    assert attention_kernels.one_chunk(q, tk) == (len(attention_kernels._chunks(q, tk)) == 1)
+
+
+def test_a_decoded_token_runs_the_reference_and_a_chunked_batch_the_kernel(monkeypatch):
+    """kernel_attention_forward hands a single chunk to the reference's operations and cuts a
+    larger batch into chunks for attention_rows: both give an AttentionKernelCache."""
+    calls = []
+    rows = attention_kernels.attention_rows
+    monkeypatch.setattr(attention, "attention_rows",
+                        lambda *args: calls.append(args[0].shape[0]) or rows(*args))
+    rng = np.random.default_rng(3)
+    for batch in (1, 64):
+        q, k, v = (rng.standard_normal((batch, 4, 40, 8)) for _ in range(3))
+        out, cache = attention.kernel_attention_forward(q, k, v, is_causal=True)
+        assert type(cache) is attention.AttentionKernelCache
+        assert same_bits(out, attention.attention_forward(q, k, v, is_causal=True)[0])
+    assert calls == [64]
+
+
 @pytest.mark.parametrize("groups", [4, 2, 1])
 def test_backward_into_given_arrays_equals_returned_ones(groups):
     """attention_backward_into(..., out=(dq, dk, dv)) writes into strided views (here the

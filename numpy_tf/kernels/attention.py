@@ -37,6 +37,14 @@ def _chunks(q: np.ndarray, tk: int):
     return [slice(start, min(start + per_chunk, batch)) for start in range(0, batch, per_chunk)]
 
 
+def one_chunk(q: np.ndarray, tk: int) -> bool:
+    """Whether the whole batch of q (B, H, Tq, d) against Tk keys is a single chunk (a decoded
+    token, a small batch): attention_rows would then do the reference's operations on whole
+    arrays, with the chunking's calls on top, so the classes run the reference instead."""
+    batch, heads, tq, _ = q.shape
+    return batch == 1 or batch * heads * tq * tk * q.dtype.itemsize <= CHUNK_BYTES
+
+
 def _batch_part(mask: np.ndarray | None, span: slice) -> np.ndarray | None:
     """The rows of a mask broadcastable to (B, H, Tq, Tk) for the samples in span: a 4-D
     mask with a batch axis is sliced, any other is the same for every sample."""
