@@ -181,10 +181,14 @@ class GELU(Module):
         out = gelu_forward_blocks(x, self.approximate)
         return out, GELUKernelCache(x, out, self.approximate)
 
-    def backward(self, dout, cache):
+    def backward(self, dout, cache, *, overwrite_dout: bool = False):
+        """gelu_backward's dx (by the kernel tier for a GELUKernelCache). overwrite_dout=True
+        is for a caller that made dout itself and holds it alone (layers.mlp.MLP): the
+        kernel then writes dx into dout's array, the same bits; the reference ignores it."""
         if type(cache) is GELUKernelCache:
             validate.backward_inputs(dout, cache, GELUCache)
-            return gelu_backward_blocks(dout, cache.x, cache.out, cache.approximate)
+            return gelu_backward_blocks(dout, cache.x, cache.out, cache.approximate,
+                                        overwrite_dout=overwrite_dout)
         return gelu_backward(dout, cache)
 
 
