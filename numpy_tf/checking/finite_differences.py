@@ -9,7 +9,9 @@ must return. Central differences estimate each element:
 
 with h = step max(1, |x[i]|), so that an entry of 1e4 is not perturbed below its rounding
 (for a Module, each perturbed forward recomputes only what lies downstream of the perturbed
-Parameter and reuses the unperturbed rest: see _Downstream),
+Parameter and reuses the unperturbed rest: see _Downstream; and an objective with copy_losses,
+the models' losses, evaluates up to 32 elements' L(x + h e_i) and L(x - h e_i) in one forward
+of 64 copies of the batch, each copy's Parameter perturbed on its own: see _Copies),
 
 or, for a whole model at the cost of two forwards per direction, one random direction v over all
 checked tensors at once:
@@ -155,6 +157,25 @@ def _central_difference(objective: Callable[[], float], array: np.ndarray, index
     return (plus - minus) / (2.0 * h)
 
 
+def _one_at_a_time(objective: Callable[[], float], array: np.ndarray, mask: np.ndarray | None,
+                   step: float) -> np.ndarray:
+    """Every element's central difference, 0 where `mask` (constant) is set."""
+    return np.array([0.0 if mask is not None and mask.flat[i] else
+                     _central_difference(objective, array, i, step)
+                     for i in range(array.size)]).reshape(array.shape)
+
+
+def _full_report(title: str, numericals: Mapping[str, np.ndarray],
+                 analytic: Mapping[str, np.ndarray], skip: Mapping[str, np.ndarray]):
+    scale = max(float(np.abs(n).max(initial=0.0)) for n in numericals.values())
+    rows = []
+    for name, numerical in numericals.items():
+        mask = skip.get(name)
+        label = name if mask is None else f"{name} ({int(mask.sum())} constant skipped)"
+        rows.append(compare_gradients(label, analytic[name], numerical, mask, scale))
+    return GradcheckReport(title, "full", rows)
+
+
 def _directional(objective: Callable[[], float], arrays: Sequence[np.ndarray],
                  originals: Sequence[np.ndarray], directions: Sequence[np.ndarray],
                  step: float) -> float:
@@ -185,18 +206,8 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
         for name, array in tensors.items():
             if perturbing is not None:
                 perturbing(name)
-            mask = skip.get(name)
-            numericals[name] = np.array([
-                0.0 if mask is not None and mask.flat[i] else
-                _central_difference(objective, array, i, step)
-                for i in range(array.size)]).reshape(array.shape)
-        scale = max(float(np.abs(n).max(initial=0.0)) for n in numericals.values())
-        rows = []
-        for name, numerical in numericals.items():
-            mask = skip.get(name)
-            label = name if mask is None else f"{name} ({int(mask.sum())} constant skipped)"
-            rows.append(compare_gradients(label, analytic[name], numerical, mask, scale))
-        return GradcheckReport(title, "full", rows)
+            numericals[name] = _one_at_a_time(objective, array, skip.get(name), step)
+        return _full_report(title, numericals, analytic, skip)
     rows = []
     names = list(tensors)
     arrays = [tensors[name] for name in names]
@@ -268,6 +279,19 @@ def gradcheck(forward: Callable, backward: Callable, inputs, *, wrt: Sequence[st
 _PLAIN = (type(None), bool, int, float, str, np.integer, np.floating)
 
 
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal shape, dtype and bytes (-0.0 is not 0.0, a NaN equals the same NaN). Numbers in
+    contiguous arrays are compared as unsigned integers of their size, in place; anything else
+    through a copy of its bytes."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind in "biuf" and a.flags.c_contiguous and b.flags.c_contiguous:
+        as_integers = np.dtype(f"u{a.dtype.itemsize}")
+        return bool(np.array_equal(a.reshape(-1).view(as_integers),
+                                   b.reshape(-1).view(as_integers)))
+    return a.tobytes() == b.tobytes()
+
+
 def _same_arguments(given: tuple, recorded: tuple, by_value: bool = True) -> bool:
     """The same inputs: arrays identical (the very object) or, if `by_value`, equal bit for
     bit; plain values (None, numbers, strings) equal. Anything else (a Generator) never
@@ -278,8 +302,7 @@ def _same_arguments(given: tuple, recorded: tuple, by_value: bool = True) -> boo
         if a is b and not isinstance(a, np.random.Generator):
             continue
         if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-            if not by_value or a.shape != b.shape or a.dtype != b.dtype or \
-                    a.tobytes() != b.tobytes():
+            if not by_value or not _same_bits(a, b):
                 return False
         elif not (isinstance(a, _PLAIN) and type(a) is type(b) and a == b):
             return False
@@ -310,9 +333,15 @@ class _Downstream:
 
     def __init__(self, root: Module, parameters: Mapping[str, object]):
         self.parameters = parameters                # tensor name -> Parameter (inputs absent)
+        self.root = root
         self.modules = [module for _, module in root.named_modules()
                         if callable(getattr(module, "forward", None))]
         self.recorded: dict[int, list] = {id(m): [] for m in self.modules}
+        self.parents: dict[int, set[int]] = {}      # module -> the modules it is a child of
+        for module in self.modules:
+            for child in vars(module).values():
+                if isinstance(child, Module):
+                    self.parents.setdefault(id(child), set()).add(id(module))
         self.held: dict[int, set[int]] = {}         # Parameter -> the modules holding it
         for module in self.modules:
             for parameter in module.parameters():
@@ -321,6 +350,7 @@ class _Downstream:
         self.compared: set[int] = set()     # not holding it, inputs not yet seen to differ
         self.direct: set[int] = set()       # hold it as an attribute of their own
         self.recording = True
+        self.copies: _Copies | None = None  # set: the holders run each copy on its own
 
     def perturbing(self, name: str) -> None:
         """A Parameter's name, or an input's: an input is perturbed in place, the very array
@@ -361,7 +391,11 @@ class _Downstream:
                             return result
                     self.compared.discard(key)  # downstream: recompute, no more comparing
                 return forward(*args, **kwargs)
-            result = forward(*args, **kwargs)
+            if self.copies is not None and key in self.copies.units and \
+                    not self.copies.running:
+                result = self.copies.run(forward, args, kwargs)
+            else:
+                result = forward(*args, **kwargs)
             if key in self.direct and isinstance(result, tuple) and result and \
                     isinstance(result[0], np.ndarray):
                 for _, _, recorded, _ in records:
@@ -378,6 +412,157 @@ class _Downstream:
     def __exit__(self, *exc) -> None:
         for module in self.modules:
             del module.forward                              # the class's forward again
+
+
+class _NotBatchable(Exception):
+    """A holder of the perturbed Parameter whose inputs cannot be cut into the copies."""
+
+
+class _Copies:
+    """One Parameter perturbed differently in each of `count` copies of the batch.
+
+    The objective's inputs are `count` copies of the batch stacked on axis 0, so every module
+    sees `count` times the rows; upstream of the Parameter, _Downstream replays the stacked
+    record. A module holding the Parameter runs once per copy, on that copy's rows, with the
+    copy's element set to its value (`index[k]`, -1 for none): its outputs, stacked again, are
+    what `count` separate forwards would have fed downstream, and the objective's `count`
+    values (an objective's copy_losses) are the `count` perturbed objectives at once."""
+
+    def __init__(self, count: int, data: np.ndarray, units: set[int]):
+        self.count = count
+        self.flat = data.reshape(-1)                # a view: the Parameter itself
+        self.index = np.full(count, -1)
+        self.values = np.zeros(count)
+        self.units = units                  # the modules that run once per copy
+        self.runs = 0                       # how many times one of them has
+        self.running = False                # inside one: its children run as they are
+
+    def run(self, forward: Callable, args: tuple, kwargs: dict):
+        arrays = [a for a in args + tuple(kwargs.values())
+                  if isinstance(a, np.ndarray) and a.ndim]
+        if not arrays or arrays[0].shape[0] % self.count:
+            raise _NotBatchable
+        rows = arrays[0].shape[0]                   # the first array input's rows are the batch
+        size = rows // self.count
+
+        def pieces(a):                              # the copies' rows, or `a` for every copy
+            if isinstance(a, np.ndarray) and a.ndim and a.shape[0] == rows:
+                return [a[k:k + size] for k in range(0, rows, size)]
+            return [a] * self.count
+        names = tuple(kwargs)
+        calls = zip(*map(pieces, args + tuple(kwargs.values()))) if args or kwargs \
+            else [()] * self.count
+        flat, outputs = self.flat, []
+        self.runs += 1
+        for index, value, call in zip(self.index.tolist(), self.values.tolist(), calls):
+            if index >= 0:
+                original, flat[index] = flat[index], value
+            self.running = True
+            try:
+                result = forward(*call[:len(args)], **dict(zip(names, call[len(args):])))
+            finally:
+                self.running = False
+                if index >= 0:
+                    flat[index] = original
+            if not (isinstance(result, tuple) and len(result) == 2 and
+                    isinstance(result[0], np.ndarray) and result[0].ndim):
+                raise _NotBatchable
+            outputs.append(result[0])
+        return np.concatenate(outputs), result[1]
+
+
+def _stacked(copies: int, inputs: Sequence, kwargs: Mapping):
+    """`copies` copies of every array among the inputs that has the first one's batch on axis
+    0, stacked on that axis; None if an input is a Generator (each forward draws anew)."""
+    values = list(inputs) + list(kwargs.values())
+    if any(isinstance(v, np.random.Generator) for v in values):
+        return None
+    batched = [v for v in values if isinstance(v, np.ndarray) and v.ndim]
+    if not batched:
+        return None
+    batch = batched[0].shape[0]
+
+    def stack(v):
+        return np.concatenate([v] * copies) if isinstance(v, np.ndarray) and v.ndim and \
+            v.shape[0] == batch else v
+    return [stack(v) for v in inputs], {name: stack(v) for name, v in kwargs.items()}
+
+
+def _agrees(values, reference: float, relative: float = 1e-12) -> bool:
+    """Equal up to the rounding of a forward on more rows (1e-12 relative: a wrong cut of
+    the copies moves the loss by far more)."""
+    values = np.asarray(values, dtype=np.float64)
+    return bool(np.all(np.abs(values - reference) <= relative * max(1.0, abs(reference))))
+
+
+class _CopiesObjective:
+    """The full mode's objective g * loss for `count` perturbations at once, through the root's
+    copy_losses. Used only where it gives the single-perturbation numbers: the stacked
+    unperturbed forward must give every copy the loss of one batch, and so must the copies
+    with one Parameter's holders cut into them before its elements are perturbed; two
+    elements of every Parameter are then computed again one at a time and compared."""
+
+    def __init__(self, root: Module, g: np.ndarray, inputs: Sequence, kwargs: Mapping,
+                 count: int):
+        self.root, self.g, self.count = root, float(g), count
+        self.inputs, self.kwargs = _stacked(count, inputs, kwargs)
+
+    @classmethod
+    def for_module(cls, root: Module, g, inputs, kwargs) -> "_CopiesObjective | None":
+        copy_losses = getattr(root, "copy_losses", None)
+        stacked = _stacked(2, inputs, kwargs)
+        if not callable(copy_losses) or np.ndim(g) or stacked is None:
+            return None
+        rows = next(v for v in list(inputs) + list(kwargs.values())
+                    if isinstance(v, np.ndarray) and v.ndim).size
+        # about 4096 input elements in all (tiny models: 64 copies; big ones: 2, a pair)
+        count = 2 * max(1, min(32, 2048 // max(rows, 1)))
+        return cls(root, g, inputs, kwargs, count)
+
+    def __call__(self) -> np.ndarray:
+        losses = self.root.copy_losses(self.count, *self.inputs, **self.kwargs)
+        if np.shape(losses) != (self.count,):
+            raise _NotBatchable                     # an objective that is not a mean per copy
+        return self.g * np.asarray(losses, dtype=np.float64)
+
+
+def _differences_by_copies(objective: _CopiesObjective, replay: _Downstream, array: np.ndarray,
+                           elements: np.ndarray, step: float, reference: float):
+    """Central differences of `array` (a Parameter's data) at `elements`, two copies per
+    element (+h, -h), objective.count // 2 elements per forward; None if the Parameter's
+    holders cannot be cut into copies (then the caller perturbs one element at a time)."""
+    # the modules that hold the Parameter as an attribute run once per copy; if none of them
+    # is called (a parent reads its child's weight into a fused kernel: SwiGLU), their parents
+    copies = replay.copies = _Copies(objective.count, array, set(replay.direct))
+    try:
+        while True:
+            if not _agrees(objective(), reference):     # cut into copies, unperturbed
+                return None
+            if copies.runs:
+                break
+            copies.units = set().union(*(replay.parents.get(unit, set())
+                                         for unit in copies.units)) - {id(replay.root)}
+            if not copies.units:
+                return None
+        flat = array.reshape(-1)
+        numerical = np.empty(len(elements))
+        pairs = objective.count // 2
+        for start in range(0, len(elements), pairs):
+            chunk = elements[start:start + pairs]
+            original = flat[chunk]
+            h = step * np.maximum(1.0, np.abs(original))
+            copies.index[:] = -1
+            copies.index[:2 * len(chunk)] = np.repeat(chunk, 2)
+            copies.values[:2 * len(chunk):2] = original + h
+            copies.values[1:2 * len(chunk):2] = original - h
+            values = objective()
+            numerical[start:start + len(chunk)] = \
+                (values[0:2 * len(chunk):2] - values[1:2 * len(chunk):2]) / (2.0 * h)
+        return numerical
+    except Exception:       # noqa: BLE001 - a holder refusing its copy's rows, or not cut
+        return None         # into copies (_NotBatchable): one at a time is always right
+    finally:
+        replay.copies = None
 
 
 def gradcheck_module(module: Module, *inputs, wrt_inputs: bool = True, parameters: bool = True,
@@ -422,27 +607,73 @@ def gradcheck_module(module: Module, *inputs, wrt_inputs: bool = True, parameter
     title = title or type(module).__name__
     if fast:
         return _check(title, objective, tensors, analytic, fast, directions, step, rng, skip)
-    return _full_module_check(title, module, objective, tensors, analytic, step, rng, skip)
+    copies = _CopiesObjective.for_module(module, dout, arguments, kwargs) if parameters \
+        else None
+    return _full_module_check(title, module, objective, tensors, analytic, step, rng, skip,
+                              copies=copies)
 
 
 def _full_module_check(title, module, objective, tensors, analytic, step, rng, skip,
-                       downstream: bool = True) -> GradcheckReport:
+                       downstream: bool = True,
+                       copies: _CopiesObjective | None = None) -> GradcheckReport:
     """The full mode on a Module, each perturbation evaluated downstream of its tensor only
     (_Downstream); with downstream=False, or if some caller writes into a module's output
     (the unperturbed record then fails on a read-only array), every perturbation runs the
-    whole forward."""
+    whole forward. With `copies`, the Parameters' elements are perturbed many at a time
+    (_CopiesObjective), each Parameter for which that is shown to give its numbers."""
     if downstream:
         with _Downstream(module, dict(module.named_parameters())) as replay:
             try:
-                objective()                                 # the unperturbed record
+                reference = objective()                     # the unperturbed record
             except ValueError as error:
                 if "read-only" not in str(error):
                     raise
             else:
+                if copies is not None and not _records_copies(copies, reference):
+                    copies = None
                 replay.recording = False
-                return _check(title, objective, tensors, analytic, False, 0, step, rng, skip,
-                              replay.perturbing)
+                if copies is None:
+                    return _check(title, objective, tensors, analytic, False, 0, step, rng,
+                                  skip, replay.perturbing)
+                numericals = {}
+                for name, array in tensors.items():
+                    replay.perturbing(name)
+                    numericals[name] = _by_copies(copies, replay, objective, name, array,
+                                                  skip.get(name), step, reference)
+                return _full_report(title, numericals, analytic, skip)
     return _check(title, objective, tensors, analytic, False, 0, step, rng, skip)
+
+
+def _records_copies(copies: _CopiesObjective, reference: float) -> bool:
+    """Record the stacked unperturbed forward; True if every copy's value is the batch's.
+    Any failure (an input check of the model refusing the stacked batch, an objective that
+    is not a mean per copy) only means the elements are perturbed one at a time."""
+    try:
+        return _agrees(copies(), reference)
+    except Exception:       # noqa: BLE001 - perturbing one at a time is always right
+        return False
+
+
+def _by_copies(copies: _CopiesObjective, replay: _Downstream, objective: Callable[[], float],
+               name: str, array: np.ndarray, mask: np.ndarray | None, step: float,
+               reference: float) -> np.ndarray:
+    """One tensor's central differences, by copies where its holders allow it and where two
+    of its elements (the largest difference, and the middle element) come out the same when
+    computed again one at a time (up to the rounding of the objective: 1e-9 relative to
+    max(1, the difference)); otherwise every element one at a time."""
+    if name not in replay.parameters:                   # an input: one at a time
+        return _one_at_a_time(objective, array, mask, step)
+    elements = np.arange(array.size) if mask is None else np.flatnonzero(~mask.reshape(-1))
+    numerical = _differences_by_copies(copies, replay, array, elements, step, reference)
+    if numerical is None or not elements.size:
+        return _one_at_a_time(objective, array, mask, step)
+    for k in {int(np.argmax(np.abs(numerical))), len(elements) // 2}:
+        single = _central_difference(objective, array, int(elements[k]), step)
+        if not abs(numerical[k] - single) <= 1e-9 * max(1.0, abs(single)):
+            return _one_at_a_time(objective, array, mask, step)
+    full = np.zeros(array.size)
+    full[elements] = numerical
+    return full.reshape(array.shape)
 
 
 def _is_float(value) -> bool:

@@ -53,10 +53,35 @@ class _ModelLoss(Module):
         self.model = model
         self.label_smoothing = label_smoothing
 
+    _copies = 0     # > 0 only inside copy_losses
+
     def _loss(self, logits, model_cache, targets):
+        if self._copies:                    # copy_losses: one mean per copy of the batch
+            losses, loss_cache = cross_entropy_forward(logits, targets, reduction="none",
+                                                       label_smoothing=self.label_smoothing)
+            per_copy = losses.reshape(self._copies, -1).sum(axis=1)
+            return per_copy / np.maximum(loss_cache.keep.reshape(self._copies, -1).sum(1), 1), \
+                None
         loss, loss_cache = cross_entropy_forward(logits, targets,
                                                  label_smoothing=self.label_smoothing)
         return loss, ModelLossCache(model_cache, loss_cache, logits)
+
+    def copy_losses(self, copies: int, *inputs, **kwargs) -> np.ndarray:
+        """forward's loss of each of `copies` batches stacked along the batch axis: `inputs`
+        and `kwargs` are forward's, every array among them `copies` batches of one size
+        concatenated on axis 0; returns a (copies,) array, the k-th the mean loss of the k-th
+        batch alone (its own positions and count). The model reads each row of a batch on its
+        own, so one forward of the stack does the work of `copies` forwards: the full
+        finite-difference check gives each copy a different perturbed parameter
+        (numpy_tf.checking.finite_differences). An objective whose forward does not end in
+        _loss (MixtralLoss, with its load-balancing term over the whole batch) returns its
+        scalar unchanged, which tells the check that it cannot do this."""
+        validate.positive_int("copies", copies)
+        self._copies = copies
+        try:
+            return self.forward(*inputs, **kwargs)[0]
+        finally:
+            del self._copies
 
     def backward(self, dloss, cache: ModelLossCache):
         """The forward in exact reverse; returns what the model's backward returns. dlogits
