@@ -288,3 +288,43 @@ def test_copy_losses_are_each_stacked_batch_s_own_loss():
                                     num_experts_per_tok=1, output_router_logits=True))
     # the load-balancing term is over the whole stack: one number, which the check refuses
     assert np.shape(MixtralLoss(mixtral).copy_losses(3, np.concatenate(batches))) == ()
+
+
+class _ReadsTheHeadOutsideIt(Module):
+    """Adds 0.1 sum_j W[v, j] to the logits of class v, W the head's weight read by this
+    parent's own code, not through the head's forward; `forgets` leaves that term out of the
+    backward."""
+
+    def __init__(self, model, forgets=False):
+        super().__init__(model.dtype)
+        self.model, self.forgets = model, forgets
+
+    def forward(self, ids, key_padding_mask=None):
+        logits, cache = self.model.forward(ids)
+        return logits + 0.1 * self.model.output.weight.data.sum(axis=1), cache
+
+    def backward(self, dout, cache):
+        if not self.forgets:
+            self.model.output.weight.grad += 0.1 * dout.sum(axis=(0, 1))[:, None]
+        return self.model.backward(dout, cache)
+
+
+@pytest.mark.parametrize("forgets", [False, True])
+def test_a_parameter_read_outside_its_module_is_perturbed_one_element_at_a_time(forgets,
+                                                                                monkeypatch):
+    from numpy_tf.models.gpt import GPT, GPTConfig
+    from numpy_tf.models.objectives import NextTokenLoss
+    model = GPT(GPTConfig.tiny(vocab_size=7, max_context=3, width=4, heads=2, init_std=0.3),
+                rng=12)
+    objective = NextTokenLoss(_ReadsTheHeadOutsideIt(model, forgets))
+    ids = np.random.default_rng(13).integers(0, 7, (2, 3))
+    report, numbers, singles = _numbers(monkeypatch, objective, ids)
+    _, plain, _ = _numbers(monkeypatch, objective, ids, by_copies=False)
+    assert singles == [(7, 4)]                          # the head's weight alone
+    for name in plain:
+        np.testing.assert_allclose(numbers[name], plain[name], rtol=0, atol=1e-9,
+                                   err_msg=name)
+    np.testing.assert_array_equal(numbers["model.model.output.weight"],
+                                  plain["model.model.output.weight"])
+    failed = [row.name for row in report.rows if not row.passed]
+    assert failed == (["model.model.output.weight"] if forgets else [])

@@ -208,7 +208,6 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
                 perturbing(name)
             numericals[name] = _one_at_a_time(objective, array, skip.get(name), step)
         return _full_report(title, numericals, analytic, skip)
-    rows = []
     names = list(tensors)
     arrays = [tensors[name] for name in names]
     originals = [array.copy() for array in arrays]
@@ -220,6 +219,7 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
                                for name in names])
     constant = np.concatenate([skip[name].ravel() if name in skip else
                                np.zeros(tensors[name].size, dtype=bool) for name in names])
+    rows = []
     for k in range(directions):
         whole = rng.standard_normal(int(ends[-1]))
         whole[constant] = 0.0                           # skipped elements are not perturbed
@@ -393,7 +393,7 @@ class _Downstream:
                 return forward(*args, **kwargs)
             if self.copies is not None and key in self.copies.units and \
                     not self.copies.running:
-                result = self.copies.run(forward, args, kwargs)
+                result = self.copies.run(key, forward, args, kwargs)
             else:
                 result = forward(*args, **kwargs)
             if key in self.direct and isinstance(result, tuple) and result and \
@@ -415,29 +415,42 @@ class _Downstream:
 
 
 class _NotBatchable(Exception):
-    """A holder of the perturbed Parameter whose inputs cannot be cut into the copies."""
+    """Copies that cannot give the one-at-a-time numbers: a module that runs once per copy
+    and cannot be cut, or an objective that is not a mean per copy."""
 
 
 class _Copies:
-    """One Parameter perturbed differently in each of `count` copies of the batch.
+    """`count` copies of the batch stacked on axis 0, copy k with its own element index[k] of
+    one Parameter set to values[k] (-1: none).
 
-    The objective's inputs are `count` copies of the batch stacked on axis 0, so every module
-    sees `count` times the rows; upstream of the Parameter, _Downstream replays the stacked
-    record. A module holding the Parameter runs once per copy, on that copy's rows, with the
-    copy's element set to its value (`index[k]`, -1 for none): its outputs, stacked again, are
-    what `count` separate forwards would have fed downstream, and the objective's `count`
-    values (an objective's copy_losses) are the `count` perturbed objectives at once."""
+    Every module sees `count` times the rows; upstream of the Parameter, _Downstream replays
+    the stacked record. A module among `units` (those holding the Parameter) runs once per
+    copy, on that copy's rows, with the copy's element set; its outputs, stacked again, are
+    what `count` separate forwards would have fed downstream, and the objective's copy_losses
+    gives the `count` objective values at once. While the copies run, the Parameter holds NaN
+    everywhere else: a forward that reads it outside its units (a parent reading its child's
+    weight into a fused kernel) gives NaN, not a wrong number."""
 
-    def __init__(self, count: int, data: np.ndarray, units: set[int]):
+    def __init__(self, count: int, units: set[int], parameter):
         self.count = count
-        self.flat = data.reshape(-1)                # a view: the Parameter itself
+        self.units = units                  # the modules that run once per copy
+        self.parameter = parameter
+        self.real = parameter.data
+        self.flat = self.real.reshape(-1)           # a view: the Parameter's own array
+        self.poison = np.full_like(self.real, np.nan)
         self.index = np.full(count, -1)
         self.values = np.zeros(count)
-        self.units = units                  # the modules that run once per copy
-        self.runs = 0                       # how many times one of them has
+        self.ran: set[int] = set()          # the units that have run
         self.running = False                # inside one: its children run as they are
 
-    def run(self, forward: Callable, args: tuple, kwargs: dict):
+    def __enter__(self) -> "_Copies":
+        self.parameter.data = self.poison
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.parameter.data = self.real
+
+    def run(self, key: int, forward: Callable, args: tuple, kwargs: dict):
         arrays = [a for a in args + tuple(kwargs.values())
                   if isinstance(a, np.ndarray) and a.ndim]
         if not arrays or arrays[0].shape[0] % self.count:
@@ -449,26 +462,40 @@ class _Copies:
             if isinstance(a, np.ndarray) and a.ndim and a.shape[0] == rows:
                 return [a[k:k + size] for k in range(0, rows, size)]
             return [a] * self.count
-        names = tuple(kwargs)
+        names, positional = tuple(kwargs), len(args)
         calls = zip(*map(pieces, args + tuple(kwargs.values()))) if args or kwargs \
             else [()] * self.count
+        self.ran.add(key)
         flat, outputs = self.flat, []
-        self.runs += 1
         for index, value, call in zip(self.index.tolist(), self.values.tolist(), calls):
+            self.parameter.data = self.real
             if index >= 0:
                 original, flat[index] = flat[index], value
             self.running = True
             try:
-                result = forward(*call[:len(args)], **dict(zip(names, call[len(args):])))
+                result = forward(*call) if not names else \
+                    forward(*call[:positional], **dict(zip(names, call[positional:])))
             finally:
                 self.running = False
                 if index >= 0:
                     flat[index] = original
+                self.parameter.data = self.poison
             if not (isinstance(result, tuple) and len(result) == 2 and
                     isinstance(result[0], np.ndarray) and result[0].ndim):
                 raise _NotBatchable
             outputs.append(result[0])
         return np.concatenate(outputs), result[1]
+
+    def climb(self, parents: Mapping[int, set], root: Module) -> bool:
+        """Replace the units that never ran by their parents (SwiGLU for its Linears, which
+        it does not call); False if every unit ran, or only the root is above."""
+        stale = self.units - self.ran
+        above = set().union(*(parents.get(unit, set()) for unit in stale))
+        if not stale or not above or id(root) in above:
+            return False
+        self.units = (self.units - stale) | above
+        self.ran.clear()
+        return True
 
 
 def _stacked(copies: int, inputs: Sequence, kwargs: Mapping):
@@ -496,27 +523,26 @@ def _agrees(values, reference: float, relative: float = 1e-12) -> bool:
 
 
 class _CopiesObjective:
-    """The full mode's objective g * loss for `count` perturbations at once, through the root's
-    copy_losses. Used only where it gives the single-perturbation numbers: the stacked
-    unperturbed forward must give every copy the loss of one batch, and so must the copies
-    with one Parameter's holders cut into them before its elements are perturbed; two
-    elements of every Parameter are then computed again one at a time and compared."""
+    """The objective g * loss of `count` stacked copies of the batch at once, through the
+    root's copy_losses: a (count,) array."""
 
-    def __init__(self, root: Module, g: np.ndarray, inputs: Sequence, kwargs: Mapping,
-                 count: int):
+    def __init__(self, root: Module, g, inputs: Sequence, kwargs: Mapping, count: int):
         self.root, self.g, self.count = root, float(g), count
         self.inputs, self.kwargs = _stacked(count, inputs, kwargs)
 
     @classmethod
-    def for_module(cls, root: Module, g, inputs, kwargs) -> "_CopiesObjective | None":
+    def for_module(cls, root: Module, g, inputs, kwargs, count: int | None = None
+                   ) -> "_CopiesObjective | None":
+        """None unless the root is an objective with copy_losses, its output a scalar, and
+        no input a Generator. `count` by default: up to 32 elements' pairs, about 4096 input
+        elements in all (a tiny model: 64 copies; a big one: 2)."""
         copy_losses = getattr(root, "copy_losses", None)
-        stacked = _stacked(2, inputs, kwargs)
-        if not callable(copy_losses) or np.ndim(g) or stacked is None:
+        if not callable(copy_losses) or np.ndim(g) or _stacked(2, inputs, kwargs) is None:
             return None
-        rows = next(v for v in list(inputs) + list(kwargs.values())
-                    if isinstance(v, np.ndarray) and v.ndim).size
-        # about 4096 input elements in all (tiny models: 64 copies; big ones: 2, a pair)
-        count = 2 * max(1, min(32, 2048 // max(rows, 1)))
+        if count is None:
+            size = next(v for v in list(inputs) + list(kwargs.values())
+                        if isinstance(v, np.ndarray) and v.ndim).size
+            count = 2 * max(1, min(32, 2048 // max(size, 1)))
         return cls(root, g, inputs, kwargs, count)
 
     def __call__(self) -> np.ndarray:
@@ -526,41 +552,48 @@ class _CopiesObjective:
         return self.g * np.asarray(losses, dtype=np.float64)
 
 
-def _differences_by_copies(objective: _CopiesObjective, replay: _Downstream, array: np.ndarray,
+def _cut(copies: _Copies, objective: _CopiesObjective, replay: "_Downstream",
+         reference: float) -> bool:
+    """Make every copy's value, unperturbed, the batch's: the units climb past those that
+    never ran while the Parameter is read outside them (a NaN) or the copies disagree."""
+    while True:
+        try:
+            if _agrees(objective(), reference):
+                return True
+        except Exception:   # noqa: BLE001 - one at a time is always right
+            pass
+        if not copies.climb(replay.parents, replay.root):
+            return False
+
+
+def _differences_by_copies(objective: _CopiesObjective, replay: "_Downstream", name: str,
                            elements: np.ndarray, step: float, reference: float):
-    """Central differences of `array` (a Parameter's data) at `elements`, two copies per
-    element (+h, -h), objective.count // 2 elements per forward; None if the Parameter's
-    holders cannot be cut into copies (then the caller perturbs one element at a time)."""
-    # the modules that hold the Parameter as an attribute run once per copy; if none of them
-    # is called (a parent reads its child's weight into a fused kernel: SwiGLU), their parents
-    copies = replay.copies = _Copies(objective.count, array, set(replay.direct))
+    """Central differences of the Parameter `name` at `elements`, two copies per element
+    (+h, -h) and up to objective.count // 2 elements per forward; None if copies cannot
+    give them (then the caller perturbs one element at a time)."""
+    copies = _Copies(objective.count, set(replay.direct), replay.parameters[name])
+    replay.copies = copies
     try:
-        while True:
-            if not _agrees(objective(), reference):     # cut into copies, unperturbed
+        with copies:
+            if not _cut(copies, objective, replay, reference):
                 return None
-            if copies.runs:
-                break
-            copies.units = set().union(*(replay.parents.get(unit, set())
-                                         for unit in copies.units)) - {id(replay.root)}
-            if not copies.units:
-                return None
-        flat = array.reshape(-1)
-        numerical = np.empty(len(elements))
-        pairs = objective.count // 2
-        for start in range(0, len(elements), pairs):
-            chunk = elements[start:start + pairs]
-            original = flat[chunk]
-            h = step * np.maximum(1.0, np.abs(original))
-            copies.index[:] = -1
-            copies.index[:2 * len(chunk)] = np.repeat(chunk, 2)
-            copies.values[:2 * len(chunk):2] = original + h
-            copies.values[1:2 * len(chunk):2] = original - h
-            values = objective()
-            numerical[start:start + len(chunk)] = \
-                (values[0:2 * len(chunk):2] - values[1:2 * len(chunk):2]) / (2.0 * h)
-        return numerical
-    except Exception:       # noqa: BLE001 - a holder refusing its copy's rows, or not cut
-        return None         # into copies (_NotBatchable): one at a time is always right
+            flat = copies.flat
+            numerical = np.empty(len(elements))
+            pairs = objective.count // 2
+            for start in range(0, len(elements), pairs):
+                chunk = elements[start:start + pairs]
+                original = flat[chunk]
+                h = step * np.maximum(1.0, np.abs(original))
+                used = slice(0, 2 * len(chunk))
+                copies.index[:] = -1
+                copies.index[used] = np.repeat(chunk, 2)
+                copies.values[0:2 * len(chunk):2] = original + h
+                copies.values[1:2 * len(chunk):2] = original - h
+                values = objective()[used]
+                numerical[start:start + len(chunk)] = (values[0::2] - values[1::2]) / (2.0 * h)
+            return numerical
+    except Exception:       # noqa: BLE001 - a holder refusing its copy's rows, or one that
+        return None         # cannot be cut (_NotBatchable): one at a time is always right
     finally:
         replay.copies = None
 
@@ -664,7 +697,7 @@ def _by_copies(copies: _CopiesObjective, replay: _Downstream, objective: Callabl
     if name not in replay.parameters:                   # an input: one at a time
         return _one_at_a_time(objective, array, mask, step)
     elements = np.arange(array.size) if mask is None else np.flatnonzero(~mask.reshape(-1))
-    numerical = _differences_by_copies(copies, replay, array, elements, step, reference)
+    numerical = _differences_by_copies(copies, replay, name, elements, step, reference)
     if numerical is None or not elements.size:
         return _one_at_a_time(objective, array, mask, step)
     for k in {int(np.argmax(np.abs(numerical))), len(elements) // 2}:
