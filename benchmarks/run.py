@@ -129,11 +129,11 @@ def markdown(results: dict) -> str:
               "forward, cross-entropy and backward, no optimizer. GFLOP/s counts the matmul "
               "FLOPs of the step; % is of the machine's GEMM peak (the faster of NumPy's and "
               "torch's 1024^3 product at that dtype and thread count). Memory is the step's "
-              "peak beyond the parameters and their gradient buffers, MB: numpy_tf by "
-              "tracemalloc (and by peak-RSS delta), torch by peak-RSS delta.", ""]
+              "peak beyond the parameters and their gradient buffers, MiB (2^20 bytes): "
+              "numpy_tf by tracemalloc (and by peak-RSS delta), torch by peak-RSS delta.", ""]
     header = ("| threads | dtype | size | forward ms numpy_tf / torch | ratio | step ms "
               "numpy_tf / torch | **step ratio** | step ratio of minima | step GFLOP/s "
-              "numpy_tf / torch (% of peak) | step memory MB numpy_tf (RSS) / torch RSS |")
+              "numpy_tf / torch (% of peak) | step memory MiB numpy_tf (RSS) / torch RSS |")
     lines += [header, "|---" * 10 + "|"]
     memory = {(m["threads"], m["size"], m["dtype"]): m for m in results["memory"]}
     for timing in results["timing"]:

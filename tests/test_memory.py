@@ -109,11 +109,111 @@ def test_the_backward_lets_dlogits_go_once_the_head_has_used_it(monkeypatch, fam
 
     backward = first.backward
 
-    def watched(*args):
+    def watched(*args, **kwargs):
         seen.append(made[-1]() is None)
-        return backward(*args)
+        return backward(*args, **kwargs)
 
     first.backward = watched
     loss, cache = objective.forward(*inputs)
     objective.backward(1.0, cache)
     assert made and seen and all(seen), family
+
+
+# -- what the step's backward holds at its peak (tracemalloc, deterministic) -------------------
+def _traced_peak(function) -> int:
+    """Bytes traced at function()'s peak beyond what was traced when it started."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        function()
+        return tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+
+
+def test_linear_backward_lets_the_weight_gradient_temporary_go_before_dx_exists():
+    """dW's (OUT, IN) temporary is added into the gradient and freed before the (N, IN) dx
+    is made: the peak is the larger of the two, not their sum."""
+    import numpy as np
+
+    from numpy_tf.kernels.linear import linear_backward_into
+
+    rng = np.random.default_rng(0)
+    x, weight = rng.standard_normal((256, 96)), rng.standard_normal((64, 96))
+    dout, weight_grad = rng.standard_normal((256, 64)), np.zeros((64, 96))
+    peak = _traced_peak(lambda: linear_backward_into(dout, x, weight, weight_grad, None))
+    dx_bytes, dweight_bytes = x.nbytes, weight.nbytes
+    assert peak < dx_bytes + dweight_bytes - 4096, (peak, dx_bytes, dweight_bytes)
+
+
+def _pre_ln_block():
+    import numpy as np
+
+    from numpy_tf import GPTConfig
+    from numpy_tf.models.gpt import DecoderBlock
+
+    config = GPTConfig(vocab_size=16, max_context=32, width=32, heads=4, layers=1)
+    block = DecoderBlock(config, rng=0)
+    x = np.random.default_rng(1).standard_normal((24, 32, 32))     # 2 chunks: the kernels
+    dy = np.random.default_rng(2).standard_normal(x.shape)
+    return block, x, dy
+
+
+def test_a_block_writing_du_into_dy_gives_the_same_bits():
+    """overwrite_dy=True (what GPT.backward asks of its blocks) changes where du lives, not
+    what any gradient is; without it dy is left as it was."""
+    import numpy as np
+
+    block, x, dy = _pre_ln_block()
+    _, cache = block.forward(x)
+    kept = dy.copy()
+    dx_plain = block.backward(dy, cache)
+    grads_plain = {name: p.grad.copy() for name, p in block.named_parameters()}
+    assert np.array_equal(dy, kept)
+    block.zero_grad()
+    written = dy.copy()
+    dx_written = block.backward(written, cache, overwrite_dy=True)
+    assert not np.array_equal(written, kept)            # du went into dy's own array
+    assert dx_written.tobytes() == dx_plain.tobytes()
+    for name, p in block.named_parameters():
+        assert p.grad.tobytes() == grads_plain[name].tobytes(), name
+
+
+def test_attention_backward_runs_with_one_block_sized_gradient_fewer():
+    """With overwrite_dy the block's backward peaks at least one (B, T, C) array lower: du
+    lives in dy's array, and the heads' gradient is let go before the qkv Linear's backward."""
+    block, x, dy = _pre_ln_block()
+    _, cache = block.forward(x)
+    plain = _traced_peak(lambda: block.backward(dy.copy(), cache))
+    written = _traced_peak(lambda: block.backward(dy.copy(), cache, overwrite_dy=True))
+    assert plain - written >= dy.nbytes, (plain, written, dy.nbytes)
+
+
+def test_fused_attention_lets_the_heads_gradient_go_before_the_qkv_backward(monkeypatch):
+    """The (B, H, T, d) gradient of the heads that qkv_gradient reads is dead by the time
+    the qkv Linear's backward (the step's peak) starts."""
+    import weakref
+
+    from numpy_tf.layers import multihead
+
+    block, x, dy = _pre_ln_block()
+    attention = block.attention
+    _, cache = attention.forward(x, is_causal=True)
+    assert type(cache.attention).__name__ == "AttentionKernelCache"
+    made, seen = [], []
+    qkv_gradient, qkv_backward = multihead.qkv_gradient, attention.qkv.backward
+
+    def remembered(dheads, *rest):
+        made.append(weakref.ref(dheads))
+        return qkv_gradient(dheads, *rest)
+
+    def watched(*args):
+        seen.append(made[-1]() is None)
+        return qkv_backward(*args)
+
+    monkeypatch.setattr(multihead, "qkv_gradient", remembered)
+    attention.qkv.backward = watched
+    attention.backward(dy, cache)
+    assert made and seen == [True]

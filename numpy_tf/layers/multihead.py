@@ -415,6 +415,7 @@ class FusedAttention(HeadAttention):
             return super()._heads_backward(dout, cache)
         dheads = split_heads(self.output.backward(dout, cache.output), self.num_heads)
         dqkv = qkv_gradient(dheads, *cache.attention)                   # (B, T, 3C)
+        del dheads                  # not held through the qkv backward, the step's peak
         return self.qkv.backward(dqkv, cache.projections)
 
     def _project_backward(self, dq, dk, dv, caches, inputs):

@@ -123,15 +123,23 @@ class DecoderBlock(Module):
             y, norm2 = self.norm2.forward(u + f)                            # (B, T, C)
         return y, DecoderBlockCache(norm1, attention, norm2, feedforward)
 
-    def backward(self, dy, cache: DecoderBlockCache):
+    def backward(self, dy, cache: DecoderBlockCache, *, overwrite_dy: bool = False):
         """The forward in exact reverse, each line commented with the forward line it undoes. A
         residual sum passes its gradient to both terms unchanged, so a value that reached a sum
         twice (directly and through a branch) gets the sum of the two gradients; Post-LN's ds
-        is the gradient of the sum inside a norm."""
+        is the gradient of the sum inside a norm.
+
+        overwrite_dy=True lets a Pre-LN block write du into dy's own array (the same bits):
+        for a dy its caller made and nobody else holds (GPT.backward passes the gradient the
+        block above it, or the final norm, has just returned), so that attention's backward,
+        the step's peak, runs with one (B, T, C) gradient fewer alive."""
         if self.norm_first:
             dh = self.feedforward.backward(dy, cache.feedforward)       # f = ffn(h)
-            du = dy + self.norm2.backward(dh, cache.norm2)              # h = norm2(u); y = u + f
+            dn = self.norm2.backward(dh, cache.norm2)                   # h = norm2(u)
             del dh                  # not held through attention's backward, the step's peak
+            into = dy if overwrite_dy and dy.flags.writeable else None  # where du goes
+            du = np.add(dy, dn, out=into)                               # y = u + f
+            del dn, into
             dh = self.attention.backward(du, cache.attention)           # a = attn(h)
             dx = du + self.norm1.backward(dh, cache.norm1)              # h = norm1(x); u = x + a
         else:
@@ -234,7 +242,7 @@ class GPT(Module):
         del dlogits                 # (B, T, V), often the largest array: not held any longer
         dx = self.final_norm.backward(dx, cache.final_norm)         # x = final_norm(x)
         for block, block_cache in zip(reversed(list(self.blocks)), reversed(cache.blocks)):
-            dx = block.backward(dx, block_cache)                    # x = block(x)
+            dx = block.backward(dx, block_cache, overwrite_dy=True)  # x = block(x)
         dx = self.positions.backward(dx, cache.positions)           # x = x + W_pos[P .. P+T-1]
         self.tokens.backward(dx, cache.tokens)                      # x = W_tok[ids]
         return None
