@@ -328,3 +328,53 @@ def test_a_parameter_read_outside_its_module_is_perturbed_one_element_at_a_time(
                                   plain["model.model.output.weight"])
     failed = [row.name for row in report.rows if not row.passed]
     assert failed == (["model.model.output.weight"] if forgets else [])
+
+
+# -- the fast mode moves a module's tensors as one array -----------------------------------------
+def test_the_fast_module_check_moves_one_buffer_and_gives_the_numbers_of_one_per_tensor(
+        monkeypatch):
+    """gradcheck_module(fast=True) lays its copies of the float inputs and Parameters end to end
+    in one buffer (one operation moves them all to a point); each direction's numbers are those
+    of moving the tensors one by one, bit for bit, and the caller's module and input stay as
+    they were."""
+    from numpy_tf import GPT, GPTConfig, Sequential
+    from numpy_tf.checking import finite_differences as fd
+    from numpy_tf.models.objectives import NextTokenLoss
+
+    ids = np.random.default_rng(0).integers(0, 20, (2, 5))
+    objective = NextTokenLoss(GPT(GPTConfig.tiny(tied=True), rng=0))
+    layers = Sequential(Linear(3, 4, rng=1), Linear(4, 2, rng=2))
+    x = np.random.default_rng(3).standard_normal((2, 3))
+    for module, inputs in ((objective, (ids,)), (layers, (x,))):
+        before = {name: p.data.copy() for name, p in module.named_parameters()}
+        ends = []
+        check = fd._check
+
+        def seen(title, objective_, tensors, *args, **kwargs):
+            ends.append(fd._end_to_end(list(tensors.values())) is not None)
+            return check(title, objective_, tensors, *args, **kwargs)
+
+        monkeypatch.setattr(fd, "_check", seen)
+        packed = gradcheck_module(module, *inputs, fast=True, seed=4)
+        monkeypatch.setattr(fd, "_lay_end_to_end", lambda arrays: [a.copy() for a in arrays])
+        apart = gradcheck_module(module, *inputs, fast=True, seed=4)
+        monkeypatch.undo()
+        assert ends == [True, False]
+        assert packed.passed and [(r.max_abs_error, r.norm_rel_error) for r in packed.rows] == \
+            [(r.max_abs_error, r.norm_rel_error) for r in apart.rows]
+        for name, p in module.named_parameters():
+            assert p.data.tobytes() == before[name].tobytes(), name
+
+
+def test_end_to_end_recognises_only_views_laid_in_order():
+    from numpy_tf.checking import finite_differences as fd
+
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(4.0)
+    laid = fd._lay_end_to_end([a, b])
+    assert fd._end_to_end(laid) is laid[0].base
+    assert np.array_equal(laid[0], a) and np.array_equal(laid[1], b)
+    assert fd._end_to_end(laid[::-1]) is None                     # out of order
+    assert fd._end_to_end([laid[0]]) is None                      # not the whole buffer
+    assert fd._end_to_end([a, b]) is None                         # arrays of their own
+    assert fd._end_to_end([laid[0].T, laid[1]]) is None           # not C-contiguous
+    assert fd._end_to_end(fd._lay_end_to_end([a.astype(np.float32)])) is None

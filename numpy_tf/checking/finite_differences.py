@@ -210,6 +210,9 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
         return _full_report(title, numericals, analytic, skip)
     names = list(tensors)
     arrays = [tensors[name] for name in names]
+    buffer = _end_to_end(arrays)
+    if buffer is not None:                  # one array to move: gradcheck_module laid them so
+        arrays = [buffer]
     originals = [array.copy() for array in arrays]
     step *= max([1.0] + [float(np.abs(array).max(initial=0.0)) for array in arrays])
     # every tensor's direction is a piece of one draw (the same numbers as one draw per tensor,
@@ -223,13 +226,43 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
     for k in range(directions):
         whole = rng.standard_normal(int(ends[-1]))
         whole[constant] = 0.0                           # skipped elements are not perturbed
-        vs = [piece.reshape(array.shape)
-              for piece, array in zip(np.split(whole, ends[:-1]), arrays)]
+        vs = [whole] if buffer is not None else \
+            [piece.reshape(array.shape) for piece, array in zip(np.split(whole, ends[:-1]), arrays)]
         numerical = _directional(objective, arrays, originals, vs, step)
         predicted = float(gradient @ whole)
         label = f"direction {k} over {len(names)} tensor{'s' * (len(names) != 1)}"
         rows.append(compare_gradients(label, np.array(predicted), np.array(numerical)))
     return GradcheckReport(title, "fast", rows)
+
+
+def _end_to_end(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The float64 1-D array that `arrays` fill, C-contiguous views laid end to end in order
+    (what _lay_end_to_end makes); None if they are anything else."""
+    if not arrays:
+        return None
+    buffer = arrays[0].base
+    if not isinstance(buffer, np.ndarray) or buffer.ndim != 1 or buffer.base is not None or \
+            buffer.dtype != np.float64 or not buffer.flags.c_contiguous:
+        return None
+    address = buffer.__array_interface__["data"][0]
+    for array in arrays:
+        if array.base is not buffer or not array.flags.c_contiguous or \
+                array.__array_interface__["data"][0] != address:
+            return None
+        address += array.nbytes
+    return buffer if address == buffer.__array_interface__["data"][0] + buffer.nbytes else None
+
+
+def _lay_end_to_end(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Copies of the float64 `arrays` as views of one buffer, end to end in order: the fast
+    check then moves them all to a point with one operation instead of one per tensor (a
+    model's few dozen Parameters: 0.5 ms of a 5 ms check of the tiny GPT)."""
+    buffer = np.concatenate([array.reshape(-1) for array in arrays]) if arrays else None
+    views, start = [], 0
+    for array in arrays:
+        views.append(buffer[start:start + array.size].reshape(array.shape))
+        start += array.size
+    return views
 
 
 def _gradients_by_name(grads, float_names: list[str]) -> dict[str, np.ndarray]:
@@ -613,6 +646,17 @@ def gradcheck_module(module: Module, *inputs, wrt_inputs: bool = True, parameter
     kwargs = dict(forward_kwargs or {})
     float_positions = [i for i, value in enumerate(arguments) if _is_float(value)]
     rng = np.random.default_rng(seed)
+    if fast:            # the copies' arrays, in the order the check lists them, in one buffer
+        moved = ([arguments[i] for i in float_positions] if wrt_inputs else []) + \
+            ([p.data for _, p in module.named_parameters()] if parameters else [])
+        if all(isinstance(array, np.ndarray) for array in moved):
+            views = iter(_lay_end_to_end(moved))
+            if wrt_inputs:
+                for i in float_positions:
+                    arguments[i] = next(views)
+            if parameters:
+                for _, parameter in module.named_parameters():
+                    parameter.data = next(views)
 
     def call():
         return module.forward(*arguments, **kwargs)
