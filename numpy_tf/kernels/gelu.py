@@ -47,8 +47,8 @@ import math
 import numpy as np
 
 from ..core.special import SMALL
-from .blocks import map_blocks
-from .erf import blocked_erfc, erfc_fit_float32
+from .blocks import BLOCK, map_blocks
+from .erf import blocked_erfc, erf_block, erfc_fit_float32
 
 _SQRT_HALF = math.sqrt(0.5)
 _ONE_FORMULA_LIMIT = 38.0           # |x| up to which the float32 forward takes one formula
@@ -156,7 +156,8 @@ def gelu_forward_blocks(x: np.ndarray, approximate: str) -> np.ndarray:
 def _reference_gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2, by the reference's operations (kernels.erf
     picks each element's region as the reference does), into `out` or a new array."""
-    cdf = blocked_erfc(x * -_SQRT_HALF)
+    y = x * -_SQRT_HALF
+    cdf = erf_block(y, complement=True) if y.size <= BLOCK else blocked_erfc(y)
     cdf *= 0.5
     return np.multiply(x, cdf, out=cdf if out is None else out)
 
