@@ -42,9 +42,11 @@ ATTENTION_ULPS = 128    # dq 5 / 13, dk 7.5 / 78 (dS^T q cancels: sum_k dS_ik = 
 EMBEDDING_ULPS = 4      # into a gradient already holding a sum: 3 / 3 (8 repeats of one id)
 GELU_FLOAT32_ULPS = 1   # the exact GELU's float32 forward: 1 (many blocks; smaller arrays
 #                         run the reference's regions, 0)
-GELU_FLOAT32_ELEMENT_ULPS = 8   # of each element's own value, |y| > 1e-30: 7 (N(0, 9) draws)
-GELU_NEAR_FIT_ULPS = 3  # the float32 near fit, |x| < 0.66: 3 (every float32 there, against the
-#                         reference and against float64; N(0, 0.3^2) draws 3)
+GELU_FLOAT32_ELEMENT_ULPS = 9   # of each element's own value, |y| > 1e-30: 9.0 (the one formula
+#                                 on every 3rd float32 with |x| <= 38, worst at x = -0.0655; 7 on
+#                                 N(0, 9) draws, which first set this to 8)
+GELU_NEAR_FIT_ULPS = 3  # the float32 near fit, |x| < 0.66: 3 of each element (every float32
+#                         there, against the reference), 2 of the largest where every |x| is small
 
 
 def same_bits(got: np.ndarray, want: np.ndarray) -> bool:
@@ -160,7 +162,7 @@ def test_gelu_kernels_are_the_reference_bit_for_bit(dtype):
                          activations.gelu_backward(dout, cache)), case
 
 
-def test_the_float32_gelu_forward_is_within_8_ulps_of_every_element():
+def test_the_float32_gelu_forward_is_within_9_ulps_of_every_element():
     """The one-formula float32 forward against the reference, element by element, on a grid
     through both regions and the tails and on N(0, 9) draws; zeros keep x's sign, as x Phi(x)
     gives them. A block with |x| > 38, an inf or a NaN runs the reference's regions: the same
@@ -175,6 +177,12 @@ def test_the_float32_gelu_forward_is_within_8_ulps_of_every_element():
     assert element_ulps[shown].max() <= GELU_FLOAT32_ELEMENT_ULPS
     assert np.array_equal(np.signbit(got[out == 0]), np.signbit(out[out == 0]))
     assert not same_bits(got, out)                  # the one formula did run
+    worst = np.full(8192, 3.0, np.float32)           # a block the one formula takes, with the
+    worst[1::2] = -0.06553246                       # element of its largest difference
+    assert gelu_kernels._mostly_far(np.abs(worst))
+    got_worst = gelu_kernels.gelu_forward_blocks(worst, "none")[1]
+    want_worst = activations.gelu_forward(worst)[0][1]
+    assert abs(float(got_worst) - float(want_worst)) / np.spacing(abs(want_worst)) == 9.0
     mostly_near = 0.1 * x[800_001:1_100_001]        # N(0, 0.3^2), 3 % beyond the near region:
     want = activations.gelu_forward(mostly_near)[0]  # the near fit, and the reference beyond
     got = gelu_kernels.gelu_forward_blocks(mostly_near, "none")
@@ -193,30 +201,49 @@ def test_the_float32_gelu_forward_is_within_8_ulps_of_every_element():
                              activations.gelu_forward(mixed)[0]), special_value
 
 
-def test_the_float32_near_fit_is_within_3_ulps_of_the_reference_and_of_the_exact_gelu():
-    """Phi(x) = 1/2 + x Q(x^2) on every 389th float32 with |x| < 0.66 (5.4 million values; every
-    one of them measured once: 3 ulps at most against both), each against the float32
-    reference and against the float64 one, in ulps of the float32 result; zeros keep their
-    sign."""
+def test_the_float32_near_fit_is_within_3_ulps_of_the_reference_and_closer_to_the_exact_gelu():
+    """Phi(x) = 1/2 + x Q(x^2) on every 389th float32 with |x| < 0.66 (5.4 million values;
+    every one of them measured once: 3.00 ulps at most from the reference), against the
+    float32 reference and against the float64 one, in ulps of the float32 result: within 3 of
+    the reference, and no farther from the exact value than the reference itself is (on every
+    61st: the fit 2.08 ulps at worst, the reference's Cody R1 2.65); zeros keep their sign."""
     top = int(np.float32(gelu_kernels._NEAR_FIT_LIMIT).view(np.uint32))
     bits = np.arange(0, top, 389, dtype=np.uint32)
     x = np.concatenate([bits, bits | np.uint32(0x80000000)]).view(np.float32)
     got = np.empty_like(x)
     gelu_kernels._gelu_near_float32(x, got)
-    for want in (activations.gelu_forward(x)[0].astype(np.float64),
-                 activations.gelu_forward(x.astype(np.float64))[0]):
-        shown = np.abs(want) > 1e-30
-        spacing = np.spacing(np.abs(want[shown]).astype(np.float32)).astype(np.float64)
-        assert (np.abs(got[shown] - want[shown]) / spacing).max() <= GELU_NEAR_FIT_ULPS
+    reference = activations.gelu_forward(x)[0].astype(np.float64)
+    exact = activations.gelu_forward(x.astype(np.float64))[0]
+    shown = np.abs(exact) > 1e-30
+    spacing = np.spacing(np.abs(exact[shown]).astype(np.float32)).astype(np.float64)
+
+    def ulps(values):
+        return np.abs(values[shown] - exact[shown]) / spacing
+
+    assert (np.abs(got[shown] - reference[shown]) / spacing).max() <= GELU_NEAR_FIT_ULPS
+    assert ulps(got).max() <= ulps(reference).max()
     zero = got == 0
     assert np.array_equal(np.signbit(got[zero]), np.signbit(x[zero]))
+
+
+@pytest.mark.parametrize("scale", [0.02, 0.05, 0.1, 0.2])
+def test_a_float32_gelu_input_all_near_zero_is_within_3_ulps_of_the_largest(scale):
+    """Where every |x| is small (a freshly initialised model's) the largest |y| shares its
+    binade with many elements, so the fit's few-ulp differences from Cody's R1 show against
+    it: 2 ulps of the largest measured over 3,000 blocks of 4,096 to 70,000 elements at
+    scales 0.01 to 60 (GELU_NEAR_FIT_ULPS = 3); with larger values beside them, 1."""
+    x = (scale * np.random.default_rng(7).standard_normal(200_000)).astype(np.float32)
+    got = gelu_kernels.gelu_forward_blocks(x, "none")
+    want = activations.gelu_forward(x)[0]
+    assert not same_bits(got, want)
+    assert ulps_of_largest(got, want) <= GELU_NEAR_FIT_ULPS
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.floats(0.05, 60.0), st.integers(0, 3))
 def test_the_float32_gelu_forward_holds_its_bound_on_any_block(seed, scale, specials):
     """Blocks of 4096 to 12000 elements drawn at any spread (mostly near zero to mostly past
-    |x| = 38) with infs and NaNs sprinkled in: every element within 8 ulps of its own reference
+    |x| = 38) with infs and NaNs sprinkled in: every element within 9 ulps of its own reference
     value (where that is above 1e-30), zeros of the same sign, NaN where the reference's is."""
     rng = np.random.default_rng(seed)
     x = (scale * rng.standard_normal(int(rng.integers(4096, 12000)))).astype(np.float32)
