@@ -227,7 +227,8 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
         whole = rng.standard_normal(int(ends[-1]))
         whole[constant] = 0.0                           # skipped elements are not perturbed
         vs = [whole] if buffer is not None else \
-            [piece.reshape(array.shape) for piece, array in zip(np.split(whole, ends[:-1]), arrays)]
+            [piece.reshape(array.shape)
+             for piece, array in zip(np.split(whole, ends[:-1]), arrays)]
         numerical = _directional(objective, arrays, originals, vs, step)
         predicted = float(gradient @ whole)
         label = f"direction {k} over {len(names)} tensor{'s' * (len(names) != 1)}"
@@ -256,7 +257,7 @@ def _end_to_end(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
 def _lay_end_to_end(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Copies of the float64 `arrays` as views of one buffer, end to end in order: the fast
     check then moves them all to a point with one operation instead of one per tensor (a
-    model's few dozen Parameters: 0.5 ms of a 5 ms check of the tiny GPT)."""
+    model's few dozen Parameters: 0.3 to 0.4 ms of a 4 to 7 ms check of the tiny GPT)."""
     buffer = np.concatenate([array.reshape(-1) for array in arrays]) if arrays else None
     views, start = [], 0
     for array in arrays:
@@ -649,14 +650,13 @@ def gradcheck_module(module: Module, *inputs, wrt_inputs: bool = True, parameter
     if fast:            # the copies' arrays, in the order the check lists them, in one buffer
         moved = ([arguments[i] for i in float_positions] if wrt_inputs else []) + \
             ([p.data for _, p in module.named_parameters()] if parameters else [])
-        if all(isinstance(array, np.ndarray) for array in moved):
-            views = iter(_lay_end_to_end(moved))
-            if wrt_inputs:
-                for i in float_positions:
-                    arguments[i] = next(views)
-            if parameters:
-                for _, parameter in module.named_parameters():
-                    parameter.data = next(views)
+        views = iter(_lay_end_to_end(moved))
+        if wrt_inputs:
+            for i in float_positions:
+                arguments[i] = next(views)
+        if parameters:
+            for _, parameter in module.named_parameters():
+                parameter.data = next(views)
 
     def call():
         return module.forward(*arguments, **kwargs)

@@ -8,7 +8,7 @@ the backward is built inside dx's own block), the blocks may run on worker threa
 operations, and their order, are the reference's.
 
 The exact GELU in float32 takes one formula for every element of a block, instead of the
-reference's two regions, when more than an eighth of the block lies beyond the near region.
+reference's two regions, when more than a quarter of the block lies beyond the near region.
 With a = |x| and h = Phi(-a) = erfc(a / sqrt 2) / 2, the smaller tail,
 
     Phi(x) = 1 - h (x >= 0), h (x < 0),   so   y = x Phi(x) = (x + a) / 2 - a h,
@@ -49,8 +49,8 @@ import math
 import numpy as np
 
 from ..core.special import SMALL
-from .blocks import BLOCK, map_blocks
-from .erf import blocked_erfc, erf_block, erfc_fit_float32
+from .blocks import map_blocks
+from .erf import blocked_erfc, erfc_fit_float32
 
 _SQRT_HALF = math.sqrt(0.5)
 _ONE_FORMULA_LIMIT = 38.0           # |x| up to which the float32 forward takes one formula
@@ -84,16 +84,15 @@ def _gelu_one_formula_float32(x: np.ndarray, a: np.ndarray, out: np.ndarray) -> 
 
 
 def _mostly_far(a: np.ndarray) -> bool:
-    """Whether more than 1/8 of a block with a = |x| (judged on every 16th element) lies
-    beyond the reference's near-zero region: the one formula then runs, else the near fit.
-    Measured per element before the fit (the two regions of the reference): at a share of 3 %,
-    as in a freshly initialised model, the two regions 3.7 ns and the one formula 5.1; at
-    18 % 5.9 and 5.3; at 50 %, N(0, 1), 7.5 and 5.6. With the fit (noisy machine, best of
-    three): at 0.4 % 2.0 ns against the two regions' 3.9; at 10 % 4.2 against 7.7; at 19 %
-    (the one formula's share) 6.8 against the one formula's 7.5, and past 30 % the one
-    formula is the faster."""
+    """Whether more than 1/4 of a block with a = |x| (judged on every 16th element) lies
+    beyond the reference's near-zero region: the one formula then runs, else the near fit
+    (and the reference's operations for the elements beyond). Measured per element on blocks
+    of 32,768 (noisy machine, best of three, two runs): at a 14 % share beyond, the near fit
+    3.8-4.0 ns and the one formula 5.3-5.5; at 19 % 4.6-4.7 and 5.8-5.9; at 23 % 4.5-4.8 and
+    5.2; at 27 % 5.3 and 5.2-6.0; at 31 % 5.4-6.1 and 5.6-6.4; at 35 % 8.7 and 7.3. Below
+    the cut the fit is also the more accurate (3 ulps of the reference against 9)."""
     sample = a[::16]
-    return 8 * np.count_nonzero(sample > _NEAR_ZERO) > sample.size
+    return 4 * np.count_nonzero(sample > _NEAR_ZERO) > sample.size
 
 
 # Phi(x) = 1/2 + x Q(x^2) on |x| <= _NEAR_ZERO: Q of degree 4, fitted to (Phi(x) - 1/2) / x
@@ -158,8 +157,7 @@ def gelu_forward_blocks(x: np.ndarray, approximate: str) -> np.ndarray:
 def _reference_gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2, by the reference's operations (kernels.erf
     picks each element's region as the reference does), into `out` or a new array."""
-    y = x * -_SQRT_HALF
-    cdf = erf_block(y, complement=True) if y.size <= BLOCK else blocked_erfc(y)
+    cdf = blocked_erfc(x * -_SQRT_HALF)
     cdf *= 0.5
     return np.multiply(x, cdf, out=cdf if out is None else out)
 
