@@ -13,7 +13,12 @@ Tasks:
            measured up to 2x slower when the two alternated in one process at 2 threads).
   memory   the step's peak memory beyond the parameters and their gradient buffers: tracemalloc
            and peak-RSS deltas for numpy_tf, peak-RSS delta for torch (run with glibc's
-           MALLOC_MMAP_THRESHOLD_ low, so a freed buffer leaves the resident set at once)
+           MALLOC_MMAP_THRESHOLD_ low, so a freed buffer leaves the resident set at once);
+           at N > 1 threads numpy_tf's also counts the gradient arrays its BatchSplit's twins
+           hold from one step to the next
+
+At N > 1 threads numpy_tf's step is what `numpy-tf train --threads N` runs: the batch in N parts
+on N threads, one BLAS thread each (numpy_tf.training.split.BatchSplit).
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from numpy_tf.core.memory import reuse_freed_memory
 from numpy_tf.generation.decoding import generate
 from numpy_tf.models.gpt import GPT, GPTConfig
 from numpy_tf.models.objectives import NextTokenLoss
+from numpy_tf.training.split import BatchSplit
 
 DTYPES = {"float32": np.float32, "float64": np.float64}
 DEFAULT_REPEATS = {"tiny": 100, "small": 8, "medium": 4, "large": 3}   # per process
@@ -100,7 +106,14 @@ def gemm_peak(dtype: str, library: str, n: int = 1024, repeats: int = 5) -> floa
     return 2.0 * n ** 3 / min(timed(lambda: a @ b, repeats)) / 1e9
 
 
-def numpy_step(objective: NextTokenLoss, ids: np.ndarray, parameters: list):
+def step_objective(model: GPT, threads: int):
+    """What `numpy-tf train --threads N` runs: NextTokenLoss, its batch in N parts on N threads
+    when N > 1 (numpy_tf.training.split)."""
+    objective = NextTokenLoss(model)
+    return BatchSplit(objective, threads) if threads > 1 else objective
+
+
+def numpy_step(objective, ids: np.ndarray, parameters: list):
     """Zero the gradients (a cached parameter list, as an optimizer holds it), forward,
     cross-entropy, backward."""
     for parameter in parameters:
@@ -126,7 +139,7 @@ def torch_step(mirror, ids, parameters: list, set_to_none: bool = True):
     return loss
 
 
-def time_size(size: str, dtype: str, repeats: int, library: str) -> dict:
+def time_size(size: str, dtype: str, repeats: int, library: str, threads: int = 1) -> dict:
     """Forward and step times of one library; the loss of the step, which the parent compares
     across the two processes; the torch process also checks that the two models' logits
     agree (a numpy_tf forward, before any timing)."""
@@ -134,7 +147,8 @@ def time_size(size: str, dtype: str, repeats: int, library: str) -> dict:
     ids = batch_ids(size)
     result = {"size": size, "dtype": dtype, "repeats": repeats, "flops": step_flops(size)}
     if library == "numpy_tf":
-        objective, parameters = NextTokenLoss(model), model.parameters()
+        objective, parameters = step_objective(model, threads), model.parameters()
+        result["step_runs"] = repr(objective)
         result["loss"] = float(numpy_step(objective, ids, parameters))
         forward = lambda: model.forward(ids)                            # noqa: E731
         step = lambda: numpy_step(objective, ids, parameters)           # noqa: E731
@@ -214,11 +228,11 @@ def _rss_peak_of(function) -> int:
     return _status("VmHWM") - before
 
 
-def memory_size(size: str, dtype: str) -> dict:
+def memory_size(size: str, dtype: str, threads: int = 1) -> dict:
     import torch
 
     model = GPT(config_for(size), rng=0, dtype=DTYPES[dtype])
-    objective = NextTokenLoss(model)
+    objective = step_objective(model, threads)
     mirror = torch_mirror(model)
     ids = batch_ids(size)
     ids_t = torch.from_numpy(ids)
@@ -231,10 +245,15 @@ def memory_size(size: str, dtype: str) -> dict:
     numpy_step(objective, ids, ours)
     traced = tracemalloc.get_traced_memory()[1] - start
     tracemalloc.stop()
+    # a BatchSplit's twins hold a gradient array per Parameter and extra part from the first
+    # step on: not the model's gradient buffers, so counted in the step's memory
+    twins = sum(parameter.grad.nbytes for twin in getattr(objective, "_twins", ())
+                for parameter in twin.parameters())
     return {"size": size, "dtype": dtype,
             "parameter_bytes": sum(p.data.nbytes for p in model.parameters()),
-            "numpy_tf_tracemalloc": traced,
-            "numpy_tf_rss": _rss_peak_of(lambda: numpy_step(objective, ids, ours)),
+            "split_gradient_bytes": twins,
+            "numpy_tf_tracemalloc": traced + twins,
+            "numpy_tf_rss": _rss_peak_of(lambda: numpy_step(objective, ids, ours)) + twins,
             "torch_rss": _rss_peak_of(lambda: torch_step(mirror, ids_t, theirs,
                                                          set_to_none=False))}
 
@@ -263,13 +282,15 @@ def main(argv=None) -> None:
         # whose allocator settings make the resident set follow what is live
         result["environment"]["allocator"] = reuse_freed_memory()
     if args.task == "memory":
-        result["runs"] = [memory_size(size, dtype) for size in sizes for dtype in dtypes]
+        result["runs"] = [memory_size(size, dtype, args.threads) for size in sizes
+                          for dtype in dtypes]
     else:
         result["gemm_peak"] = {dtype: gemm_peak(dtype, args.library) for dtype in dtypes}
         for size in sizes:
             for dtype in dtypes:
                 repeats = args.repeats or DEFAULT_REPEATS[size]
-                result["runs"].append(time_size(size, dtype, repeats, args.library))
+                result["runs"].append(time_size(size, dtype, repeats, args.library,
+                                                args.threads))
                 print(f"  {args.library}, {args.threads} thread(s): {size} {dtype} done",
                       file=sys.stderr)
         if args.library == "numpy_tf":

@@ -1,7 +1,9 @@
 """The thread settings (numpy_tf.core.threads): the default rule as a pure function of the
 cores and the load, what use_threads sets, and the --threads option of the commands."""
+import csv
 import os
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -139,3 +141,22 @@ def test_benchmark_thread_counts(capsys):
         assert stopped.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--threads must be positive integers" in err
+
+
+def test_train_splits_the_batch_only_when_threads_are_given(tmp_path, capsys, monkeypatch):
+    """--threads 2: each step's batch in two parts (numpy_tf.training.split); the losses equal
+    the one-thread run's to float32 rounding. Without --threads the batch runs whole."""
+    pytest.importorskip("threadpoolctl")
+    monkeypatch.delenv("NUMPY_TF_NUM_THREADS", raising=False)
+    losses = {}
+    for given in ("1", "2", None):
+        out = tmp_path / str(given)
+        argv = ["train", "--config", "tiny-gpt", "--steps", "3", "--batch-size", "4",
+                "--out", str(out), "--sample-tokens", "0", "--log-every", "1"]
+        assert main(argv + (["--threads", given] if given else [])) == 0
+        said = capsys.readouterr().out
+        assert ("batch in up to 2 parts on 2 threads" in said) == (given == "2"), said
+        with open(out / "history.csv") as history:
+            losses[given] = [float(row["loss"]) for row in csv.DictReader(history)]
+    assert len(losses["2"]) == 3 and losses["2"] != [0.0] * 3
+    np.testing.assert_allclose(losses["2"], losses["1"], rtol=1e-6)

@@ -25,6 +25,8 @@ under load).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
@@ -88,3 +90,51 @@ def use_threads(threads: int | None = None) -> str:
             blas = f"BLAS {count}"
     origin = "" if threads is not None else " (idle cores)"
     return f"threads: {count}{origin}; {blocks}, {blas}"
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_controllers() -> tuple:
+    """threadpoolctl's controllers of the BLAS libraries loaded in this process; () without
+    threadpoolctl."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return ()
+    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+def _environment_blas_threads() -> int | None:
+    """The BLAS thread count the environment set before NumPy loaded it (the first of
+    BLAS_VARIABLES that is set), None when none is or it is not a count."""
+    for name in BLAS_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return int(value) if value.isdigit() else None
+    return None
+
+
+class _BlasThreads:
+    """`with blas_threads(n):` NumPy's BLAS on n threads inside the block, on as many as before
+    after it (through threadpoolctl, a few microseconds each way). `blas_threads.available()`
+    says whether that can be done: with threadpoolctl installed, or without it when the
+    environment already put the BLAS on one thread, which the block then asks for (without
+    threadpoolctl a block asking for another count leaves the BLAS as it is)."""
+
+    @staticmethod
+    def available() -> bool:
+        return bool(_blas_controllers()) or _environment_blas_threads() == 1
+
+    @contextlib.contextmanager
+    def __call__(self, threads: int):
+        controllers = _blas_controllers()
+        before = [controller.get_num_threads() for controller in controllers]
+        for controller in controllers:
+            controller.set_num_threads(threads)
+        try:
+            yield
+        finally:
+            for controller, count in zip(controllers, before):
+                controller.set_num_threads(count)
+
+
+blas_threads = _BlasThreads()

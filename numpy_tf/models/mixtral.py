@@ -283,6 +283,7 @@ class MixtralLoss(NextTokenLoss):
     def backward(self, dloss, cache: MixtralLossCache):
         """loss = CE(logits) + coefficient * aux(router logits): each term's gradient, then the
         model's backward with both."""
+        validate.cache_kind(cache, MixtralLossCache)
         drouter_logits = None
         if cache.aux is not None:                                   # + coefficient * aux
             drouter_logits = load_balancing_loss_backward(cache.coefficient * float(dloss),

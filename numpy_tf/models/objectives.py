@@ -87,6 +87,7 @@ class _ModelLoss(Module):
         """The forward in exact reverse; returns what the model's backward returns. dlogits
         is handed on without a name here, so that the model's backward can let it go once its
         head has used it (the (B, T, V) array is often the step's largest)."""
+        validate.cache_kind(cache, ModelLossCache)
         return self.model.backward(                                 # logits = model(inputs)
             cross_entropy_backward(dloss, cache.loss), cache.model)  # loss = CE(logits, targets)
 

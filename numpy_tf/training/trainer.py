@@ -39,6 +39,7 @@ from ..optim import AdamW, clip_grad_norm, decay_groups, grads_finite
 from ..optim.optimizer import Optimizer
 from ..optim.schedule import warmup_cosine
 from .checkpoint import Checkpoint, save_checkpoint
+from .split import BatchSplit
 
 
 # the meta keys save_checkpoint and Trainer.save write themselves (the rest is extra_meta)
@@ -134,6 +135,16 @@ class Trainer:
         self.history: list[dict] = []           # the rows of this Trainer's steps
         self.earlier_history: list[dict] = []   # a resumed run's rows before them
         self.groups = parameter_groups(self.model)
+        self.step_objective = objective     # what each step runs (run_on_threads)
+
+    def run_on_threads(self, threads: int) -> None:
+        """Run each step's and each evaluation's batch in up to `threads` parts, one per
+        thread (numpy_tf.training.split.BatchSplit); 1 runs it whole. The values then equal
+        the whole batch's within a few ulps, and are the same bits from run to run at the
+        same count."""
+        validate.positive_int("threads", threads)
+        self.step_objective = BatchSplit(self.objective, threads) if threads > 1 else \
+            self.objective
 
     # -- one step -------------------------------------------------------------------------------
     def learning_rate(self, step: int) -> float:
@@ -143,11 +154,11 @@ class Trainer:
     def train_step(self) -> dict:
         batch = self.sample_batch(self.rng)
         with np.errstate(all="ignore"):     # overflow is caught below, with a clear message
-            loss, cache = self.objective.forward(*batch)
+            loss, cache = self.step_objective.forward(*batch)
             if not np.isfinite(loss):
                 self._stop(f"the loss is {float(loss)}")
             self.optimizer.zero_grad()
-            self.objective.backward(1.0, cache)
+            self.step_objective.backward(1.0, cache)
         parameters = self.model.parameters()
         if not grads_finite(parameters):
             bad = _not_finite(dict(self.model.named_parameters()), "grad")
@@ -187,8 +198,9 @@ class Trainer:
         total, count = 0.0, 0
         for batch in self.eval_batches:
             with np.errstate(all="ignore"):     # a diverging run shows nan here, not warnings
-                loss, cache = self.objective.forward(*batch)
-            kept = int(cache.loss.count) if hasattr(cache, "loss") else 1
+                loss, cache = self.step_objective.forward(*batch)
+            kept = int(cache.loss.count) if hasattr(cache, "loss") else \
+                int(getattr(cache, "count", 1))             # a BatchSplit's SplitCache
             total += float(loss) * kept
             count += kept
         return total / count if count else float("nan")
