@@ -115,7 +115,7 @@ def test_the_parts_give_the_whole_batchs_loss_and_gradients(name, dtype, threads
     objective, args, kwargs = OBJECTIVES[name](dtype)
     dloss = dtype(0.75)                         # not 1: the parts must scale what they are given
     loss, grads = _step(objective, args, kwargs, dloss)
-    split = BatchSplit(objective, threads)
+    split = BatchSplit(objective, threads, min_part_work=0)
     split_loss, split_grads = _step(split, args, kwargs, dloss)
     assert type(split_loss) is type(loss) and np.asarray(split_loss).dtype == dtype
     assert _ulps(split_loss, loss) <= SPLIT_ULPS, (split_loss, loss)
@@ -136,7 +136,7 @@ def test_float32_parts_are_as_close_to_float64_as_the_whole_batch():
     _, exact = _step(objective, args, kwargs, 1.0)
     objective32, _, _ = _gpt(np.float32)
     _, whole = _step(objective32, args, kwargs, np.float32(1.0))
-    _, parts = _step(BatchSplit(objective32, 2), args, kwargs, np.float32(1.0))
+    _, parts = _step(BatchSplit(objective32, 2, min_part_work=0), args, kwargs, np.float32(1.0))
     for key in exact:
         scale = np.spacing(np.abs(exact[key]).max().astype(np.float32)).astype(np.float64)
         whole_error = np.abs(whole[key] - exact[key]).max() / scale
@@ -146,7 +146,7 @@ def test_float32_parts_are_as_close_to_float64_as_the_whole_batch():
 
 def test_the_parts_run_on_their_own_threads_with_the_blas_on_one():
     objective, args, kwargs = _gpt(np.float32)
-    split = BatchSplit(objective, 2)
+    split = BatchSplit(objective, 2, min_part_work=0)
     split.forward(*args, **kwargs)                  # makes the twin
     seen = {}
     twin = split._twins[0]
@@ -174,7 +174,7 @@ def test_a_part_runs_the_tier_the_caller_chose():
                 tiers(item, found)
         return found
     objective, args, kwargs = _llama(np.float64)
-    split = BatchSplit(objective, 2)
+    split = BatchSplit(objective, 2, min_part_work=0)
     _, cache = split.forward(*args, **kwargs)
     assert all(tiers(part, set()) == {"kernel"} for part in cache.caches)
     with reference_path():
@@ -185,7 +185,7 @@ def test_a_part_runs_the_tier_the_caller_chose():
 
 def test_the_twin_reads_the_weights_the_model_holds_now():
     objective, args, kwargs = _llama(np.float64)
-    split = BatchSplit(objective, 2)
+    split = BatchSplit(objective, 2, min_part_work=0)
     split.forward(*args, **kwargs)
     for parameter in objective.model.parameters():
         parameter.data = parameter.data * 0.5       # a new array, as a loaded state would be
@@ -202,7 +202,7 @@ def test_the_twin_reads_the_weights_the_model_holds_now():
 
 def test_the_twin_follows_the_models_mode():
     objective, args, kwargs = _llama(np.float64)
-    split = BatchSplit(objective, 2)
+    split = BatchSplit(objective, 2, min_part_work=0)
     split.forward(*args, **kwargs)
     objective.model.eval()
     split.forward(*args, **kwargs)
@@ -214,7 +214,7 @@ def test_the_twin_follows_the_models_mode():
 
 def test_backward_twice_adds_twice_and_keeps_the_cache():
     objective, args, kwargs = _gpt(np.float64)
-    split = BatchSplit(objective, 2)
+    split = BatchSplit(objective, 2, min_part_work=0)
     _, once = _step(split, args, kwargs, 1.0)
     loss, cache = split.forward(*args, **kwargs)
     for parameter in objective.model.parameters():
@@ -231,16 +231,35 @@ def _is_whole(split, args, kwargs) -> bool:
 
 def test_batches_that_must_run_whole_run_whole():
     objective, args, kwargs = _gpt(np.float64)
-    assert _is_whole(BatchSplit(objective, 1), args, kwargs)
-    assert _is_whole(BatchSplit(objective, 2), (args[0][:1],),
+    assert _is_whole(BatchSplit(objective, 1, min_part_work=0), args, kwargs)
+    assert _is_whole(BatchSplit(objective, 2, min_part_work=0), (args[0][:1],),
                      {"key_padding_mask": kwargs["key_padding_mask"][:1]})       # one row
-    assert _is_whole(BatchSplit(objective, 2), args, {**kwargs, "rng": np.random.default_rng(0)})
+    assert _is_whole(BatchSplit(objective, 2, min_part_work=0), args, {**kwargs, "rng": np.random.default_rng(0)})
     with pytest.raises(TypeError, match="ids must be a numpy array"):           # not an array
-        BatchSplit(objective, 2).forward(args[0].tolist())
+        BatchSplit(objective, 2, min_part_work=0).forward(args[0].tolist())
     with pytest.raises(ValueError, match="key_padding_mask"):                   # rows differ
-        BatchSplit(objective, 2).forward(*args, key_padding_mask=kwargs["key_padding_mask"][:4])
+        BatchSplit(objective, 2, min_part_work=0).forward(*args, key_padding_mask=kwargs["key_padding_mask"][:4])
     mixtral = MixtralLoss(_mixtral(np.float64)[0].model, output_router_logits=True)
-    assert _is_whole(BatchSplit(mixtral, 2), _mixtral(np.float64)[1], {})
+    assert _is_whole(BatchSplit(mixtral, 2, min_part_work=0), _mixtral(np.float64)[1], {})
+
+
+def test_parts_too_small_to_gain_run_whole():
+    """A part needs min_part_work parameters x positions (MIN_PART_WORK by default): the tiny
+    GPT's batches run whole, the benchmarks' small GPT's 16 rows of 64 in at most 3 parts."""
+    from numpy_tf.training.split import MIN_PART_WORK
+    tiny = GPT(GPTConfig.tiny(), rng=1)
+    ids = np.random.default_rng(0).integers(0, 20, (64, 4))
+    assert _is_whole(BatchSplit(NextTokenLoss(tiny), 2), (ids,), {})
+    small = GPT(GPTConfig(vocab_size=256, max_context=64, width=128, heads=4, layers=4), rng=0,
+                dtype=np.float32)
+    assert 1024 * small.num_parameters() // MIN_PART_WORK == 3
+    ids = np.random.default_rng(0).integers(0, 256, (16, 64))
+    _, cache = BatchSplit(NextTokenLoss(small), 4).forward(ids)
+    assert [part.logits.shape[0] for part in cache.caches] == [5, 5, 6]
+    _, cache = BatchSplit(NextTokenLoss(small), 4, min_part_work=400 * 10 ** 6).forward(ids)
+    assert [part.logits.shape[0] for part in cache.caches] == [8, 8]
+    with pytest.raises(ValueError, match="min_part_work"):
+        BatchSplit(NextTokenLoss(small), 2, min_part_work=-1)
 
 
 def test_a_model_numpy_tf_does_not_know_runs_whole():
@@ -248,13 +267,13 @@ def test_a_model_numpy_tf_does_not_know_runs_whole():
         pass
     model = Mine(GPTConfig.tiny(), rng=1)
     ids = np.random.default_rng(0).integers(0, 20, (4, 4))
-    assert _is_whole(BatchSplit(NextTokenLoss(model), 2), (ids,), {})
+    assert _is_whole(BatchSplit(NextTokenLoss(model), 2, min_part_work=0), (ids,), {})
 
 
 def test_recorded_activations_see_the_whole_batch():
     from numpy_tf.core.module import record_activations
     objective, args, kwargs = _llama(np.float64)
-    split = BatchSplit(objective, 2)
+    split = BatchSplit(objective, 2, min_part_work=0)
     with record_activations(objective.model) as recorder:
         loss, cache = split.forward(*args, **kwargs)
     assert not isinstance(cache, SplitCache)
@@ -268,10 +287,10 @@ def test_without_a_way_to_set_the_blas_the_batch_runs_whole(monkeypatch):
     for name in thread_settings.BLAS_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert not thread_settings.blas_threads.available()
-    assert _is_whole(BatchSplit(objective, 2), args, kwargs)
+    assert _is_whole(BatchSplit(objective, 2, min_part_work=0), args, kwargs)
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")         # the environment did it already
     assert thread_settings.blas_threads.available()
-    assert not _is_whole(BatchSplit(objective, 2), args, kwargs)
+    assert not _is_whole(BatchSplit(objective, 2, min_part_work=0), args, kwargs)
 
 
 def test_a_bad_batch_gets_the_whole_batchs_error():
@@ -281,7 +300,7 @@ def test_a_bad_batch_gets_the_whole_batchs_error():
     with pytest.raises(ValueError) as whole:
         objective.forward(ids)
     with pytest.raises(ValueError) as split:
-        BatchSplit(objective, 2).forward(ids)
+        BatchSplit(objective, 2, min_part_work=0).forward(ids)
     assert str(split.value) == str(whole.value)
 
 
@@ -290,7 +309,7 @@ def test_a_bad_batch_gets_the_whole_batchs_error():
     (np.ones((), np.float64), TypeError)])
 def test_a_bad_dloss_is_refused_before_any_work(dloss, error):
     objective, args, kwargs = _llama(np.float32)
-    split = BatchSplit(objective, 2)
+    split = BatchSplit(objective, 2, min_part_work=0)
     loss, cache = split.forward(*args, **kwargs)
     for parameter in objective.model.parameters():
         parameter.zero_grad()
@@ -302,14 +321,14 @@ def test_a_bad_dloss_is_refused_before_any_work(dloss, error):
 def test_a_cache_of_another_kind_is_refused():
     objective, args, kwargs = _llama(np.float64)
     with pytest.raises(TypeError, match="cache"):
-        BatchSplit(objective, 2).backward(1.0, ("not", "a", "cache"))
+        BatchSplit(objective, 2, min_part_work=0).backward(1.0, ("not", "a", "cache"))
 
 
 @pytest.mark.parametrize("threads", [0, -1, True, 2.0, "2", None])
 def test_threads_must_be_a_positive_integer(threads):
     objective, _, _ = _llama(np.float64)
     with pytest.raises((TypeError, ValueError), match="threads"):
-        BatchSplit(objective, threads)
+        BatchSplit(objective, threads, min_part_work=0)
 
 
 def test_the_objective_must_be_an_objective():
@@ -319,7 +338,7 @@ def test_the_objective_must_be_an_objective():
 
 def test_a_part_that_fails_fails_the_call_after_every_part_has_ended():
     objective, args, kwargs = _llama(np.float64)
-    split = BatchSplit(objective, 3)
+    split = BatchSplit(objective, 3, min_part_work=0)
     split.forward(*args, **kwargs)
     ended = []
 
@@ -343,7 +362,7 @@ def test_a_trainer_takes_a_split_objective():
         objective, (ids,), kwargs = _gpt(np.float64)
         settings = TrainSettings(steps=3, batch_size=ROWS, lr=0.1, warmup=0, eval_every=0,
                                  log_every=1, clip=0.0)
-        trainer = Trainer(BatchSplit(objective, 2) if split else objective,
+        trainer = Trainer(BatchSplit(objective, 2, min_part_work=0) if split else objective,
                           lambda rng: (ids,), settings,
                           optimizer=SGD(objective.model.parameters(), lr=0.1),
                           eval_batches=[(ids,)])
@@ -360,7 +379,7 @@ def test_a_trainer_takes_a_split_objective():
 def test_module_is_not_a_module():
     """BatchSplit is not a Module: its twins' Parameters must never join the model's."""
     objective, args, kwargs = _llama(np.float64)
-    split = BatchSplit(objective, 2)
+    split = BatchSplit(objective, 2, min_part_work=0)
     split.forward(*args, **kwargs)
     assert not isinstance(split, Module)
     assert len(objective.model.parameters()) == len(split._twins[0].model.parameters())

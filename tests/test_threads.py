@@ -144,8 +144,9 @@ def test_benchmark_thread_counts(capsys):
 
 
 def test_train_splits_the_batch_only_when_threads_are_given(tmp_path, capsys, monkeypatch):
-    """--threads 2: each step's batch in two parts (numpy_tf.training.split); the losses equal
-    the one-thread run's to float32 rounding. Without --threads the batch runs whole."""
+    """--threads 2 hands the Trainer a BatchSplit (numpy_tf.training.split; tiny-gpt's parts
+    would be too small, so its batches still run whole: tests/test_split.py checks the parts'
+    values); without --threads the Trainer runs the objective itself."""
     pytest.importorskip("threadpoolctl")
     monkeypatch.delenv("NUMPY_TF_NUM_THREADS", raising=False)
     losses = {}

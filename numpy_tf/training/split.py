@@ -35,8 +35,10 @@ computes or says:
   MaskedLMLoss or Seq2SeqLoss around a model class of numpy_tf.models (MixtralLoss's
   load-balancing term counts the whole batch's tokens; another model may mix rows);
 - an argument is not an array whose first axis is the batch's, or None (a Generator for
-  dropout: the parts would draw correlated masks), or the batch has fewer rows than threads
-  allow two parts of;
+  dropout: the parts would draw correlated masks), or the batch has one row;
+- two parts would each have less work than `min_part_work` (the model's parameters times the
+  positions of the first batch argument; MIN_PART_WORK by default): the parts are then as
+  many as have that much each;
 - a module has record_activations' wrappers (they would see one part only);
 - the BLAS cannot be set to one thread (numpy_tf.core.threads.blas_threads says when);
 - a part refuses its input: the whole batch is then run as well, so that the error names the
@@ -57,6 +59,12 @@ from ..core.threads import blas_threads
 from ..models.objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss, TargetLoss
 
 SPLITTABLE = (NextTokenLoss, TargetLoss, MaskedLMLoss, Seq2SeqLoss)   # exact classes
+# parameters x positions of the first batch argument that a part needs at least: below it, a
+# part's NumPy calls are too short and the threads spend the step handing the GIL to each other
+# (2 threads, float32, the whole batch against 2 parts: GPTConfig.tiny() on 4 positions a
+# part 1.0 against 4.1 ms, on 128 7.0 against 1.9; the benchmarks' small GPT, 0.87M
+# parameters, on 128 positions 18.6 against 22.3 ms, 256 even, 512 61 against 71 ms)
+MIN_PART_WORK = 2 ** 28
 
 
 class SplitCache(NamedTuple):
@@ -71,12 +79,14 @@ class BatchSplit:
     the batch cut into up to `threads` parts run on as many threads (see the module text).
     `.model` is the objective's model, so a Trainer takes a BatchSplit as its objective."""
 
-    def __init__(self, objective: Module, threads: int = 2):
+    def __init__(self, objective: Module, threads: int = 2, *,
+                 min_part_work: int = MIN_PART_WORK):
         if not isinstance(objective, Module) or not hasattr(objective, "model"):
             raise TypeError(f"objective must be a training objective (a Module with a .model, "
                             f"such as NextTokenLoss); got {type(objective).__name__}")
         self.objective, self.model = objective, objective.model
         self.threads = validate.positive_int("threads", threads)
+        self.min_part_work = validate.non_negative_int("min_part_work", min_part_work)
         self._twins: list[Module] = []
         self._built_for: tuple = ()
         self._pool: ThreadPoolExecutor | None = None
@@ -155,7 +165,10 @@ class BatchSplit:
             return None                                     # record_activations is watching
         if not blas_threads.available():
             return None
-        count = min(self.threads, rows)
+        work = arrays[0].size * sum(parameter.size for parameter in objective.parameters())
+        count = min(self.threads, rows, work // max(self.min_part_work, 1))
+        if count < 2:
+            return None
         bounds = [rows * k // count for k in range(count + 1)]
 
         def part(value, k):
