@@ -129,7 +129,7 @@ def markdown(results: dict) -> str:
               "forward, cross-entropy and backward, no optimizer; at N > 1 threads "
               "numpy_tf's step is what `numpy-tf train --threads N` runs, the batch in N parts "
               "on N threads, one BLAS thread each (numpy_tf.training.split.BatchSplit), and its "
-              "memory counts the gradient arrays the parts' twins keep. GFLOP/s counts the matmul "
+              "memory includes the gradient arrays the parts' twins make during the backward. GFLOP/s counts the matmul "
               "FLOPs of the step; % is of the machine's GEMM peak (the faster of NumPy's and "
               "torch's 1024^3 product at that dtype and thread count). Memory is the step's "
               "peak beyond the parameters and their gradient buffers, MiB (2^20 bytes): "

@@ -212,6 +212,15 @@ def test_the_twin_follows_the_models_mode():
     assert all(module.training for _, module in split._twins[0].model.named_modules())
 
 
+def test_the_twins_hold_no_gradient_between_steps():
+    objective, args, kwargs = _llama(np.float32)
+    split = BatchSplit(objective, 3, min_part_work=0)
+    _step(split, args, kwargs, np.float32(1.0))
+    assert len(split._twins) == 2
+    assert all(parameter._grad is None for twin in split._twins
+               for parameter in twin.parameters())
+
+
 def test_backward_twice_adds_twice_and_keeps_the_cache():
     objective, args, kwargs = _gpt(np.float64)
     split = BatchSplit(objective, 2, min_part_work=0)
