@@ -14,8 +14,8 @@ Tasks:
   memory   the step's peak memory beyond the parameters and their gradient buffers: tracemalloc
            and peak-RSS deltas for numpy_tf, peak-RSS delta for torch (run with glibc's
            MALLOC_MMAP_THRESHOLD_ low, so a freed buffer leaves the resident set at once);
-           at N > 1 threads that includes the gradient arrays its BatchSplit's twins make
-           during the backward
+           at N > 1 threads numpy_tf's includes the gradient arrays its BatchSplit's twins make
+           in each backward (and let go after it)
 
 At N > 1 threads numpy_tf's step is what `numpy-tf train --threads N` runs: the batch in N parts
 on N threads, one BLAS thread each (numpy_tf.training.split.BatchSplit).
@@ -245,15 +245,10 @@ def memory_size(size: str, dtype: str, threads: int = 1) -> dict:
     numpy_step(objective, ids, ours)
     traced = tracemalloc.get_traced_memory()[1] - start
     tracemalloc.stop()
-    # a BatchSplit's twins make a gradient array per Parameter and extra part in each backward
-    # and let it go after (inside the measured step); one they kept would be counted here
-    twins = sum(parameter._grad.nbytes for twin in getattr(objective, "_twins", ())
-                for parameter in twin.parameters() if parameter._grad is not None)
     return {"size": size, "dtype": dtype,
             "parameter_bytes": sum(p.data.nbytes for p in model.parameters()),
-            "split_gradient_bytes": twins,
-            "numpy_tf_tracemalloc": traced + twins,
-            "numpy_tf_rss": _rss_peak_of(lambda: numpy_step(objective, ids, ours)) + twins,
+            "numpy_tf_tracemalloc": traced,
+            "numpy_tf_rss": _rss_peak_of(lambda: numpy_step(objective, ids, ours)),
             "torch_rss": _rss_peak_of(lambda: torch_step(mirror, ids_t, theirs,
                                                          set_to_none=False))}
 

@@ -88,19 +88,33 @@ def _seq2seq(dtype):
                                 target), {}
 
 
+def _seq2seq_features(dtype):
+    config = Seq2SeqConfig(src_vocab_size=None, src_features=5, tgt_vocab_size=7, d_model=8,
+                           nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                           dim_feedforward=16)
+    model = Seq2Seq(config, rng=7, dtype=dtype)
+    rng = np.random.default_rng(6)
+    return Seq2SeqLoss(model), (rng.standard_normal((ROWS, 6, 5)).astype(dtype),
+                                rng.integers(0, 7, (ROWS, 4)), rng.integers(0, 7, (ROWS, 4))), {}
+
+
 OBJECTIVES = {"GPT-2 layout, padded": _gpt, "GPT, targets": _gpt_targets, "Llama": _llama,
               "Mixtral": _mixtral, "Gemma2": _gemma2, "BERT masked LM": _bert,
-              "Seq2Seq": _seq2seq}
+              "Seq2Seq": _seq2seq, "Seq2Seq, feature inputs": _seq2seq_features}
 
 
 def _step(objective, args, kwargs, dloss):
-    """(loss, {name: gradient}) of one forward and backward from zero gradients."""
+    """(loss, {name: gradient}) of one forward and backward from zero gradients; the
+    gradient of an input that has one (Seq2Seq's features) under "input"."""
     model = objective.model
     for parameter in model.parameters():
         parameter.zero_grad()
     loss, cache = objective.forward(*args, **kwargs)
-    objective.backward(dloss, cache)
-    return loss, {name: p.grad.copy() for name, p in model.named_parameters()}
+    dinput = objective.backward(dloss, cache)
+    grads = {name: p.grad.copy() for name, p in model.named_parameters()}
+    if dinput is not None:
+        grads["input"] = dinput
+    return loss, grads
 
 
 def _ulps(got, want) -> float:
@@ -295,10 +309,10 @@ def test_without_a_way_to_set_the_blas_the_batch_runs_whole(monkeypatch):
     monkeypatch.setattr(thread_settings, "_blas_controllers", lambda: ())
     for name in thread_settings.BLAS_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    assert not thread_settings.blas_threads.available()
+    assert not thread_settings.can_set_blas_threads()
     assert _is_whole(BatchSplit(objective, 2, min_part_work=0), args, kwargs)
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")         # the environment did it already
-    assert thread_settings.blas_threads.available()
+    assert thread_settings.can_set_blas_threads()
     assert not _is_whole(BatchSplit(objective, 2, min_part_work=0), args, kwargs)
 
 
@@ -385,7 +399,7 @@ def test_a_trainer_takes_a_split_objective():
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
 
-def test_module_is_not_a_module():
+def test_batch_split_is_not_a_module():
     """BatchSplit is not a Module: its twins' Parameters must never join the model's."""
     objective, args, kwargs = _llama(np.float64)
     split = BatchSplit(objective, 2, min_part_work=0)

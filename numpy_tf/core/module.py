@@ -97,6 +97,9 @@ def _recorded(module: "Module", kind: str, recorder: "Recorder"):
     return wrapper
 
 
+RECORDED = ("forward", "backward")     # the methods record_activations wraps on an instance
+
+
 class Module:
     """A holder of Parameters and sub-Modules, named by attribute path as torch names them.
 
@@ -113,9 +116,13 @@ class Module:
         """What a copy (copy.deepcopy, astype) takes: everything but a recorder's wrappers,
         which belong to this instance (see record_activations)."""
         state = dict(vars(self))
-        for kind in ("forward", "backward"):
+        for kind in RECORDED:
             state.pop(kind, None)
         return state
+
+    def is_recorded(self) -> bool:
+        """Whether record_activations' wrappers sit on this module now."""
+        return any(kind in vars(self) for kind in RECORDED)
 
     def train(self, mode: bool = True) -> "Module":
         """Set training mode on this module and every module below it; returns self."""
@@ -333,7 +340,7 @@ class record_activations:
     def __enter__(self) -> Recorder:
         modules = {id(module): module for name, module in self.model.named_modules() if name}
         for module in modules.values():
-            for kind in ("forward", "backward"):
+            for kind in RECORDED:
                 if not hasattr(module, kind):       # a ModuleList: nothing to record
                     continue
                 self._before.append((module, kind, vars(module).get(kind)))

@@ -113,28 +113,23 @@ def _environment_blas_threads() -> int | None:
     return None
 
 
-class _BlasThreads:
+def can_set_blas_threads() -> bool:
+    """Whether blas_threads(1) puts NumPy's BLAS on one thread: with threadpoolctl installed, or
+    without it when the environment already did (the first of BLAS_VARIABLES set is 1)."""
+    return bool(_blas_controllers()) or _environment_blas_threads() == 1
+
+
+@contextlib.contextmanager
+def blas_threads(threads: int):
     """`with blas_threads(n):` NumPy's BLAS on n threads inside the block, on as many as before
-    after it (through threadpoolctl, a few microseconds each way). `blas_threads.available()`
-    says whether that can be done: with threadpoolctl installed, or without it when the
-    environment already put the BLAS on one thread, which the block then asks for (without
-    threadpoolctl a block asking for another count leaves the BLAS as it is)."""
-
-    @staticmethod
-    def available() -> bool:
-        return bool(_blas_controllers()) or _environment_blas_threads() == 1
-
-    @contextlib.contextmanager
-    def __call__(self, threads: int):
-        controllers = _blas_controllers()
-        before = [controller.get_num_threads() for controller in controllers]
-        for controller in controllers:
-            controller.set_num_threads(threads)
-        try:
-            yield
-        finally:
-            for controller, count in zip(controllers, before):
-                controller.set_num_threads(count)
-
-
-blas_threads = _BlasThreads()
+    after it (through threadpoolctl, a few microseconds each way; without threadpoolctl the
+    BLAS stays as it is)."""
+    controllers = _blas_controllers()
+    before = [controller.get_num_threads() for controller in controllers]
+    for controller in controllers:
+        controller.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        for controller, count in zip(controllers, before):
+            controller.set_num_threads(count)

@@ -45,7 +45,7 @@ computes or says:
   positions of the first batch argument; MIN_PART_WORK by default): the parts are then as
   many as have that much each;
 - a module has record_activations' wrappers (they would see one part only);
-- the BLAS cannot be set to one thread (numpy_tf.core.threads.blas_threads says when);
+- the BLAS cannot be set to one thread (numpy_tf.core.threads.can_set_blas_threads);
 - a part refuses its input: the whole batch is then run as well, so that the error names the
   input the caller gave, not a part of it.
 """
@@ -60,7 +60,7 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module
-from ..core.threads import blas_threads
+from ..core.threads import blas_threads, can_set_blas_threads
 from ..models.objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss, TargetLoss
 
 SPLITTABLE = (NextTokenLoss, TargetLoss, MaskedLMLoss, Seq2SeqLoss)   # exact classes
@@ -101,10 +101,11 @@ class BatchSplit:
 
     # -- forward -----------------------------------------------------------------------------
     def forward(self, *batch, **kwargs):
-        parts = self._parts(batch, kwargs)
+        own = self.objective.parameters()
+        parts = self._parts(batch, kwargs, own)
         if parts is None:
             return self.objective.forward(*batch, **kwargs)
-        runners = [self.objective, *self._twins_for(len(parts))]
+        runners = [self.objective, *self._twins_for(len(parts), own)]
         try:
             results = self._run([(runner.forward, args, kw)
                                  for runner, (args, kw) in zip(runners, parts)])
@@ -134,13 +135,13 @@ class BatchSplit:
             return self.objective.backward(dloss, cache)
         dtype = cache.output_spec[1]
         validate.gradient("dloss", dloss, (), dtype, "the objective")
-        runners = [self.objective, *self._twins_for(len(cache.caches))]
+        own = self.objective.parameters()
+        runners = [self.objective, *self._twins_for(len(cache.caches), own)]
         scale = float(np.asarray(dloss, dtype=dtype))
         results = self._run([(runner.backward,
                               (dtype.type(scale * n / cache.count if cache.count else 0.0),
                                part), {})
                              for runner, part, n in zip(runners, cache.caches, cache.counts)])
-        own = self.objective.parameters()
         for twin in runners[1:]:
             for parameter, twins in zip(own, twin.parameters()):
                 if twins._grad is not None:
@@ -149,7 +150,7 @@ class BatchSplit:
         return _joined(results)
 
     # -- the parts ---------------------------------------------------------------------------
-    def _parts(self, batch: tuple, kwargs: dict) -> list | None:
+    def _parts(self, batch: tuple, kwargs: dict, own: list) -> list | None:
         """[(args, kwargs)] of each part, consecutive rows of every array; None when the batch
         runs whole (the module text lists when)."""
         objective = self.objective
@@ -163,12 +164,11 @@ class BatchSplit:
         rows = arrays[0].shape[0]
         if rows < 2 or any(value.shape[0] != rows for value in arrays):
             return None
-        if any("forward" in vars(module) or "backward" in vars(module)
-               for _, module in objective.named_modules()):
+        if any(module.is_recorded() for _, module in objective.named_modules()):
             return None                                     # record_activations is watching
-        if not blas_threads.available():
+        if not can_set_blas_threads():
             return None
-        work = arrays[0].size * sum(parameter.size for parameter in objective.parameters())
+        work = arrays[0].size * sum(parameter.size for parameter in own)
         count = min(self.threads, rows, work // max(self.min_part_work, 1))
         if count < 2:
             return None
@@ -180,10 +180,10 @@ class BatchSplit:
                  {name: part(value, k) for name, value in kwargs.items()})
                 for k in range(count)]
 
-    def _twins_for(self, parts: int) -> list[Module]:
-        """parts - 1 twins of the objective, reading the model's weight arrays as they are
-        now; made again when the model's Parameters are no longer those they were made for."""
-        own = self.objective.parameters()
+    def _twins_for(self, parts: int, own: list) -> list[Module]:
+        """parts - 1 twins of the objective, reading the weight arrays of `own` (the
+        objective's Parameters) as they are now; made again when the objective's Parameters
+        are no longer those they were made for."""
         if len(own) != len(self._built_for) or any(
                 a is not b for a, b in zip(own, self._built_for)):
             self._twins, self._built_for = [], tuple(own)
@@ -228,12 +228,7 @@ def _twin(objective: Module, own: list) -> Module:
 
 
 def _joined(results: list):
-    """The parts' backward results put back together along the batch axis: None, an array,
-    or a tuple of either."""
-    first = results[0]
-    if first is None:
-        return None
-    if isinstance(first, np.ndarray):
-        return np.concatenate(results, axis=0)
-    return tuple(_joined(list(items)) for items in zip(*results))
+    """The parts' backward results put back together along the batch axis: None (ids have no
+    gradient), or the arrays concatenated (Seq2Seq's feature inputs' gradient)."""
+    return None if results[0] is None else np.concatenate(results, axis=0)
 
