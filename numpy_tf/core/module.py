@@ -124,6 +124,14 @@ class Module:
         """Whether record_activations' wrappers sit on this module now."""
         return any(kind in vars(self) for kind in RECORDED)
 
+    def backward_is_watched(self) -> bool:
+        """Whether a wrapper on this instance sees the gradients its backward is given or
+        returns (record_activations, rounding_every_module), so that a parent must hand it an
+        array of its own. A wrapper whose `watches` attribute is False only acts after the
+        backward has returned, on nothing it was given (BatchSplit's parts)."""
+        wrapper = vars(self).get("backward")
+        return wrapper is not None and getattr(wrapper, "watches", True)
+
     def train(self, mode: bool = True) -> "Module":
         """Set training mode on this module and every module below it; returns self."""
         for _, module in self.named_modules():

@@ -51,8 +51,8 @@ class MLP(Sequential):
     either way); this backward's peak is one (..., F) array lower. At the benchmarks' small
     float32 GPT, whose step peaked here, the step's peak fell from 44.78 to 44.31 MB (the peak
     then moved to attention's backward). Any other content, a reference-path cache, or a module
-    whose backward is wrapped on the instance (record_activations, rounding_every_module) runs
-    Sequential's backward unchanged."""
+    whose backward is watched on the instance (record_activations, rounding_every_module:
+    Module.backward_is_watched) runs Sequential's backward unchanged."""
 
     def backward(self, dout: np.ndarray, cache: SequentialCache):
         validate.cache_kind(cache, SequentialCache)
@@ -63,7 +63,7 @@ class MLP(Sequential):
         first_cache, act_cache, second_cache = cache.caches
         if not (type(act) is GELU and type(second) is Linear and
                 type(second_cache) is LinearKernelCache and
-                "backward" not in vars(act) and "backward" not in vars(second)):
+                not act.backward_is_watched() and not second.backward_is_watched()):
             return super().backward(dout, cache)
         dhidden = second.backward(dout, second_cache)   # a new array (kernels.linear's dx)
         dhidden = act.backward(dhidden, act_cache, overwrite_dout=True)

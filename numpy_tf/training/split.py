@@ -18,17 +18,27 @@ thread per part (the BLAS is set to one thread for the step and put back after):
 on a 2-core machine the step of the benchmarks' small to large GPTs took 10-25 % less time
 this way than with the whole batch and a 2-thread BLAS (docs/benchmarks.md).
 
-Each extra part runs a twin of the objective: a copy whose Parameters hold the same weight
-arrays (not copies: the twin always reads the weights the model holds, set again at every
-call) and gradient arrays of their own, so that no two threads ever add into one array. After
-the parts' backwards, the twins' gradients are added into the model's, in part order: the
-result does not depend on which thread finished first, and every call gives the same bits.
-The price is one more gradient array per Parameter for each extra part while a backward runs:
-a twin's gradient array is made (as zeros) when its part's backward first adds into it and let
-go once it has been added into the model's. Made during the backward, they coincide with the
-end of it, when the caches are all there but the backward's working arrays are few; held from
-step to step they would add to the peak at its start (the benchmarks' small float32 step:
-45.0 MiB held, 41.x made in each backward).
+Each part runs a twin of the objective: a copy whose Parameters hold the same weight arrays
+(not copies: the twin always reads the weights the model holds, set again at every call). What
+the parts' backwards add into is arranged so that no two threads ever add into one array and the
+sums are taken in one order whatever the threads' timing:
+
+- part 0 adds straight into the model's gradient arrays;
+- part k > 0 adds into an array of its own for each Parameter (made as zeros when its backward
+  first adds into it), which is added into the model's, and let go, as soon as parts 0 .. k-1
+  have added theirs and part k has finished with that Parameter;
+- a part has finished with a Parameter when the backward of the smallest module holding every
+  module that owns it has returned (a Linear's weight when that Linear's backward returns, or
+  its parent's, for a parent that adds into its children's gradients itself; a tied weight
+  when the module holding both of its users returns). Were a part to add into a Parameter after
+  that, it would get a further array, added in after every part has ended, in part order.
+
+So each model gradient is  g + (part 0's terms, in order) + s_1 + ... + s_{K-1}  (s_k: part k's
+sum), every call the same bits, and a part's own arrays live for about one module's backward
+rather than to the end of the step. Measured (`python -m benchmarks.worker memory --threads
+2`, float32): the benchmarks' small GPT's step 41.7 MiB at 2 threads, 41.1 whole; medium
+134.2, 134.1 whole; large 380.2, 372.1 whole (44.05, 148.5 and 453.8 when every extra part
+kept a gradient of the whole model to the end of its backward).
 
 The parts' sums are the whole batch's sums taken in another order, so the loss and the
 gradients equal those of the whole batch on one thread within a few ulps of each array's
@@ -53,13 +63,14 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 import numpy as np
 
 from ..core import validate
-from ..core.module import Module
+from ..core.module import Module, Parameter
 from ..core.threads import blas_threads, can_set_blas_threads
 from ..models.objectives import MaskedLMLoss, NextTokenLoss, Seq2SeqLoss, TargetLoss
 
@@ -92,7 +103,7 @@ class BatchSplit:
         self.objective, self.model = objective, objective.model
         self.threads = validate.positive_int("threads", threads)
         self.min_part_work = validate.non_negative_int("min_part_work", min_part_work)
-        self._twins: list[Module] = []
+        self._twins: list[_Twin] = []
         self._built_for: tuple = ()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -105,10 +116,10 @@ class BatchSplit:
         parts = self._parts(batch, kwargs, own)
         if parts is None:
             return self.objective.forward(*batch, **kwargs)
-        runners = [self.objective, *self._twins_for(len(parts), own)]
+        twins = self._twins_for(len(parts), own)
         try:
-            results = self._run([(runner.forward, args, kw)
-                                 for runner, (args, kw) in zip(runners, parts)])
+            results = self._run([(twin.objective.forward, args, kw)
+                                 for twin, (args, kw) in zip(twins, parts)])
         except (TypeError, ValueError):
             # a part refused its input: the whole batch's forward says what is wrong with the
             # caller's arrays (and, in the unlikely case that it accepts them, computes them)
@@ -128,25 +139,28 @@ class BatchSplit:
 
     # -- backward ----------------------------------------------------------------------------
     def backward(self, dloss, cache):
-        """Each part's backward with dloss n_k / N, the twins' gradients then added into the
-        model's in part order. Returns what the objective's backward returns, the parts'
-        arrays put back together along the batch axis (None when it returns None)."""
+        """Each part's backward with dloss n_k / N, its gradients handed into the model's in
+        part order (the module text). Returns what the objective's backward returns, the
+        parts' arrays put back together along the batch axis (None when it returns None)."""
         if not isinstance(cache, SplitCache):
             return self.objective.backward(dloss, cache)
         dtype = cache.output_spec[1]
         validate.gradient("dloss", dloss, (), dtype, "the objective")
         own = self.objective.parameters()
-        runners = [self.objective, *self._twins_for(len(cache.caches), own)]
+        twins = self._twins_for(len(cache.caches), own)
+        handoff = _Handoff(own, len(twins))
         scale = float(np.asarray(dloss, dtype=dtype))
-        results = self._run([(runner.backward,
-                              (dtype.type(scale * n / cache.count if cache.count else 0.0),
-                               part), {})
-                             for runner, part, n in zip(runners, cache.caches, cache.counts)])
-        for twin in runners[1:]:
-            for parameter, twins in zip(own, twin.parameters()):
-                if twins._grad is not None:
-                    parameter.grad += twins._grad
-                    twins.grad = None           # not held between steps (module text)
+        for twin in twins:
+            twin.handoff = handoff
+        try:
+            results = self._run([(twin.objective.backward,
+                                  (dtype.type(scale * n / cache.count if cache.count else 0.0),
+                                   part), {})
+                                 for twin, part, n in zip(twins, cache.caches, cache.counts)])
+        finally:
+            for twin in twins:
+                twin.handoff = None
+        handoff.finish()
         return _joined(results)
 
     # -- the parts ---------------------------------------------------------------------------
@@ -180,22 +194,22 @@ class BatchSplit:
                  {name: part(value, k) for name, value in kwargs.items()})
                 for k in range(count)]
 
-    def _twins_for(self, parts: int, own: list) -> list[Module]:
-        """parts - 1 twins of the objective, reading the weight arrays of `own` (the
+    def _twins_for(self, parts: int, own: list) -> list["_Twin"]:
+        """The twins of parts 0 .. parts - 1, reading the weight arrays of `own` (the
         objective's Parameters) as they are now; made again when the objective's Parameters
         are no longer those they were made for."""
         if len(own) != len(self._built_for) or any(
                 a is not b for a, b in zip(own, self._built_for)):
             self._twins, self._built_for = [], tuple(own)
-        while len(self._twins) < parts - 1:
-            self._twins.append(_twin(self.objective, own))
+        while len(self._twins) < parts:
+            self._twins.append(_Twin(self.objective, own, len(self._twins)))
         modules = [module for _, module in self.objective.named_modules()]
-        for twin in self._twins[:parts - 1]:
-            for parameter, twins in zip(own, twin.parameters()):
+        for twin in self._twins[:parts]:
+            for parameter, twins in zip(own, twin.parameters):
                 twins.data = parameter.data         # the optimizer may have put in new arrays
-            for module, twins in zip(modules, (module for _, module in twin.named_modules())):
+            for module, twins in zip(modules, twin.modules):
                 twins.training = module.training    # and the model may have gone to eval()
-        return self._twins[:parts - 1]
+        return self._twins[:parts]
 
     def _run(self, calls: list) -> list:
         """[function(*args, **kwargs)] of each call, the first on this thread, the others on
@@ -216,15 +230,146 @@ class BatchSplit:
             return [first, *(future.result() for future in futures)]
 
 
-def _twin(objective: Module, own: list) -> Module:
-    """A deep copy of `objective` whose Parameters hold `own`'s data arrays themselves and no
-    gradient (allocated when a part's backward first adds into it)."""
-    memo = {}
-    for parameter in own:
-        twin = copy.copy(parameter)
-        twin.grad = None
-        memo[id(parameter)] = twin
-    return copy.deepcopy(objective, memo)
+class _Handoff:
+    """One backward's gradients on their way into the model's (the module text): what a part's
+    Parameter hands out as its gradient, when a part has finished with a Parameter, and the
+    adds into the model's gradient, in part order, under one lock."""
+
+    def __init__(self, own: list, parts: int):
+        self.own, self.parts = own, parts
+        self.lock = threading.Lock()
+        self.held = [[None] * len(own) for _ in range(parts)]      # part k > 0's own arrays
+        self.finished = [[False] * len(own) for _ in range(parts)]
+        self.added = [0] * len(own)     # parts 0 .. added - 1 are in the model's gradient
+        self.late = [[] for _ in range(parts)]                      # (index, array)
+        self.given = [[None] * len(own) for _ in range(parts)]     # the last array handed out
+
+    def array(self, part: int, index: int) -> np.ndarray:
+        """The array part `part` adds Parameter `index`'s gradient into. Only that part's
+        thread asks, and the arrays it is given are added into the model's by others only
+        once it has finished with the Parameter (and asks no more for them)."""
+        if self.finished[part][index]:
+            given = np.zeros_like(self.own[index].data)
+            self.late[part].append((index, given))
+        elif part == 0:
+            given = self.own[index].grad
+        else:
+            given = self.held[part][index]
+            if given is None:
+                given = self.held[part][index] = np.zeros_like(self.own[index].data)
+        self.given[part][index] = given
+        return given
+
+    def check_given(self, part: int, index: int, value) -> None:
+        """`grad += d` puts back the array it was given; nothing else may be put there."""
+        if value is not self.given[part][index]:
+            raise RuntimeError("a gradient in a BatchSplit part is added into, not replaced")
+
+    def mark_finished(self, part: int, indices) -> None:
+        """Part `part` adds no more into these Parameters' gradients: add in every part's
+        array that is now next in part order."""
+        with self.lock:
+            for index in indices:
+                if not self.finished[part][index]:
+                    self.finished[part][index] = True
+                    self._add_ready(index)
+
+    def _add_ready(self, index: int) -> None:
+        finished, parameter = self.finished, self.own[index]
+        while self.added[index] < self.parts and finished[self.added[index]][index]:
+            part = self.added[index]
+            held = self.held[part][index]
+            if held is not None:                        # part 0's terms are in already
+                parameter.grad += held
+                self.held[part][index] = self.given[part][index] = None
+            self.added[index] += 1
+
+    def finish(self) -> None:
+        """After every part's backward: what no module's return handed in (none, when each
+        part's objective backward returned), then the late arrays, in part order."""
+        everything = range(len(self.own))
+        for part in range(self.parts):
+            self.mark_finished(part, everything)
+        for late in self.late:
+            for index, array in late:
+                self.own[index].grad += array
+        self.late = [[] for _ in range(self.parts)]
+
+
+class _PartParameter(Parameter):
+    """A twin's Parameter: the model's weight array as its data; as its gradient, the array
+    the step's hand-off gives its part."""
+
+    __slots__ = ("twin", "index")
+
+    def __init__(self, data: np.ndarray, twin: "_Twin", index: int):
+        super().__init__(data)
+        self.twin, self.index = twin, index
+
+    @property
+    def grad(self) -> np.ndarray:
+        return self.twin.current().array(self.twin.number, self.index)
+
+    @grad.setter
+    def grad(self, value) -> None:
+        self.twin.current().check_given(self.twin.number, self.index, value)
+
+
+class _Twin:
+    """Part `number`'s copy of the objective: its Parameters are _PartParameters over the
+    model's weight arrays, and each module's backward, on returning, tells the step's hand-off
+    that the part has finished with the Parameters the module holds all the users of."""
+
+    def __init__(self, objective: Module, own: list, number: int):
+        self.number, self.handoff = number, None
+        memo = {id(parameter): _PartParameter(parameter.data, self, index)
+                for index, parameter in enumerate(own)}
+        self.objective = copy.deepcopy(objective, memo)
+        self.parameters = [memo[id(parameter)] for parameter in own]
+        self.modules = [module for _, module in self.objective.named_modules()]
+        for module, indices in _finishing(self.modules):
+            module.backward = self._finishes(module.backward, indices)
+
+    def current(self) -> _Handoff:
+        if self.handoff is None:
+            raise RuntimeError("a BatchSplit part has a gradient only during its backward")
+        return self.handoff
+
+    def _finishes(self, backward, indices: tuple):
+        def finishing_backward(*args, **kwargs):
+            # (dout, cache) are moved on, not held by this frame: a backward lets go of the
+            # gradient it was given once it has used it, and holding it here for the length
+            # of the call put the benchmarks' small float32 step at 2 threads 1 MiB higher
+            args = list(args)
+            result = backward(args.pop(0), args.pop()) if len(args) == 2 and not kwargs \
+                else backward(*args, **kwargs)
+            self.current().mark_finished(self.number, indices)
+            return result
+        finishing_backward.watches = False          # Module.backward_is_watched
+        return finishing_backward
+
+
+def _finishing(modules: list) -> list:
+    """[(module, indices)]: for each distinct module, the _PartParameters (by index) all of
+    whose owners (the modules holding them as attributes) are the module or below it, so that
+    once its backward has returned nothing adds into their gradients any more. A holder
+    without a backward of its own (a ModuleList) leaves its Parameters to the module above."""
+    distinct = list({id(module): module for module in modules}.values())
+    owners: dict[int, set] = {}
+    for module in distinct:
+        for value in vars(module).values():
+            if isinstance(value, _PartParameter):
+                owners.setdefault(value.index, set()).add(id(module))
+    finishing = []
+    for module in distinct:
+        if not callable(getattr(module, "backward", None)):
+            continue
+        below = {id(inner) for _, inner in module.named_modules()}
+        indices = tuple(sorted(index for index, holders in owners.items()
+                               if holders <= below))
+        if indices:
+            finishing.append((module, indices))
+    return finishing
 
 
 def _joined(results: list):
