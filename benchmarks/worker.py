@@ -14,8 +14,8 @@ Tasks:
   memory   the step's peak memory beyond the parameters and their gradient buffers: tracemalloc
            and peak-RSS deltas for numpy_tf, peak-RSS delta for torch (run with glibc's
            MALLOC_MMAP_THRESHOLD_ low, so a freed buffer leaves the resident set at once);
-           at N > 1 threads numpy_tf's includes the gradient arrays its BatchSplit's twins make
-           in each backward (and let go after it)
+           at N > 1 threads numpy_tf's includes the gradient arrays BatchSplit's extra parts
+           add into (each from a module's first add to its return)
 
 At N > 1 threads numpy_tf's step is what `numpy-tf train --threads N` runs: the batch in N parts
 on N threads, one BLAS thread each (numpy_tf.training.split.BatchSplit).
