@@ -237,6 +237,8 @@ def test_the_twins_hold_no_gradient_between_steps():
                for parameter in twin.parameters)
     with pytest.raises(RuntimeError, match="only during its backward"):
         split._twins[1].parameters[0].grad
+    with pytest.raises(RuntimeError, match="added into, not replaced"):
+        split._twins[1].parameters[0].grad = np.zeros(split._twins[1].parameters[0].shape)
 
 
 def test_a_part_hands_each_gradient_in_when_its_module_has_finished():
@@ -300,14 +302,15 @@ def test_the_hand_off_adds_in_part_order_whatever_finishes_first():
     assert np.array_equal(own[0].grad, (g + a) + b)
     handoff.finish()
     assert np.array_equal(own[0].grad, ((g + a) + b) + late)
-    with pytest.raises(RuntimeError, match="added into, not replaced"):
-        handoff.check_given(0, 0, np.zeros(5, np.float32))
 
 
 def test_a_split_step_needs_no_more_memory_than_the_whole_batch():
-    """The extra parts' gradient arrays live about one module's backward each: the step's
-    traced peak stays within 2 % of the whole batch's (it was 8 % above it with an array per
-    Parameter held to the end of the backward)."""
+    """The extra parts' gradient arrays live about one module's backward each. With the parts
+    run one after the other (deterministic), the step's traced peak is the whole batch's
+    (measured 1.0005 of it; 1.036 with every array held to the end of the part's backward);
+    on two threads it depends on how the parts' peaks meet: 1.006-1.025 of the whole batch's
+    over 45 steps (1.08 with the arrays held to the end, 1.03 with the wrappers holding each
+    backward's arguments: the next two tests), so 1.05 there."""
     import tracemalloc
     model = GPT(GPTConfig(vocab_size=256, max_context=64, width=128, heads=4, layers=4),
                 rng=0, dtype=np.float32)
@@ -323,8 +326,41 @@ def test_a_split_step_needs_no_more_memory_than_the_whole_batch():
             return tracemalloc.get_traced_memory()[1] - start
         finally:
             tracemalloc.stop()
-    whole, split = peak(objective), peak(BatchSplit(objective, 2))
-    assert split <= whole * 1.02, (split / 2 ** 20, whole / 2 ** 20)
+    whole = peak(objective)
+    in_turn = BatchSplit(objective, 2)
+    in_turn._run = _part_zero_first(in_turn._run)
+    assert peak(in_turn) <= whole * 1.01, (peak(in_turn) / 2 ** 20, whole / 2 ** 20)
+    threaded = peak(BatchSplit(objective, 2))
+    assert threaded <= whole * 1.05, (threaded / 2 ** 20, whole / 2 ** 20)
+
+
+def test_a_parts_module_lets_go_of_the_gradient_it_was_given():
+    """The wrapper that tells the hand-off a module has finished moves the backward's
+    arguments on: a backward that drops its gradient frees it (the MLP's and the model's
+    backwards rely on it), and the MLP still sees its children as unwatched."""
+    import weakref
+
+    from numpy_tf.training.split import _Handoff
+    objective, args, kwargs = _gpt(np.float32)
+    split = BatchSplit(objective, 2, min_part_work=0)
+    split.forward(*args, **kwargs)
+    twin = split._twins[1]
+    twin.handoff = _Handoff(objective.parameters(), 2)
+    freed = []
+
+    def backward(dout, cache):
+        gone = weakref.ref(dout)
+        del dout
+        freed.append(gone() is None)
+        return cache
+    try:
+        twin._finishes(backward, ())(np.ones(3), None)
+    finally:
+        twin.handoff = None
+    assert freed == [True]
+    mlp = twin.objective.model.blocks[0].feedforward
+    assert all("backward" in vars(layer) and not layer.backward_is_watched()
+               for layer in (mlp[0], mlp[2]))
 
 
 def test_backward_twice_adds_twice_and_keeps_the_cache():

@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextvars
 import copy
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import NamedTuple
 
@@ -242,28 +243,21 @@ class _Handoff:
         self.finished = [[False] * len(own) for _ in range(parts)]
         self.added = [0] * len(own)     # parts 0 .. added - 1 are in the model's gradient
         self.late = [[] for _ in range(parts)]                      # (index, array)
-        self.given = [[None] * len(own) for _ in range(parts)]     # the last array handed out
 
     def array(self, part: int, index: int) -> np.ndarray:
         """The array part `part` adds Parameter `index`'s gradient into. Only that part's
         thread asks, and the arrays it is given are added into the model's by others only
         once it has finished with the Parameter (and asks no more for them)."""
         if self.finished[part][index]:
-            given = np.zeros_like(self.own[index].data)
-            self.late[part].append((index, given))
-        elif part == 0:
-            given = self.own[index].grad
-        else:
-            given = self.held[part][index]
-            if given is None:
-                given = self.held[part][index] = np.zeros_like(self.own[index].data)
-        self.given[part][index] = given
-        return given
-
-    def check_given(self, part: int, index: int, value) -> None:
-        """`grad += d` puts back the array it was given; nothing else may be put there."""
-        if value is not self.given[part][index]:
-            raise RuntimeError("a gradient in a BatchSplit part is added into, not replaced")
+            late = np.zeros_like(self.own[index].data)
+            self.late[part].append((index, late))
+            return late
+        if part == 0:
+            return self.own[index].grad
+        held = self.held[part][index]
+        if held is None:
+            held = self.held[part][index] = np.zeros_like(self.own[index].data)
+        return held
 
     def mark_finished(self, part: int, indices) -> None:
         """Part `part` adds no more into these Parameters' gradients: add in every part's
@@ -281,7 +275,7 @@ class _Handoff:
             held = self.held[part][index]
             if held is not None:                        # part 0's terms are in already
                 parameter.grad += held
-                self.held[part][index] = self.given[part][index] = None
+                self.held[part][index] = None
             self.added[index] += 1
 
     def finish(self) -> None:
@@ -300,19 +294,23 @@ class _PartParameter(Parameter):
     """A twin's Parameter: the model's weight array as its data; as its gradient, the array
     the step's hand-off gives its part."""
 
-    __slots__ = ("twin", "index")
+    __slots__ = ("twin", "index", "_given")
 
     def __init__(self, data: np.ndarray, twin: "_Twin", index: int):
         super().__init__(data)
-        self.twin, self.index = twin, index
+        self.twin, self.index, self._given = twin, index, None
 
     @property
     def grad(self) -> np.ndarray:
-        return self.twin.current().array(self.twin.number, self.index)
+        array = self.twin.current().array(self.twin.number, self.index)
+        self._given = weakref.ref(array)        # not a reference that would keep it alive
+        return array
 
     @grad.setter
     def grad(self, value) -> None:
-        self.twin.current().check_given(self.twin.number, self.index, value)
+        """`grad += d` puts back the array the getter gave; nothing else may be put there."""
+        if self._given is None or value is not self._given():
+            raise RuntimeError("a gradient in a BatchSplit part is added into, not replaced")
 
 
 class _Twin:
