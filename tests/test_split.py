@@ -228,6 +228,30 @@ def test_the_twin_follows_the_models_mode():
                for _, module in twin.objective.model.named_modules())
 
 
+def test_the_twins_follow_what_else_the_objective_holds():
+    """A setting changed between steps (the objective's label_smoothing, a module's GELU
+    approximation) makes new twins; ordinary steps and train/eval switches do not."""
+    objective, args, kwargs = _gpt(np.float64)
+    split = BatchSplit(objective, 2, min_part_work=0)
+    split.forward(*args, **kwargs)
+    twins = list(split._twins)
+    for _ in range(2):
+        _step(split, args, kwargs, 0.75)
+        objective.model.eval()
+        split.forward(*args, **kwargs)
+        objective.model.train()
+    assert all(a is b for a, b in zip(split._twins, twins))
+    objective.label_smoothing = 0.2
+    got, want = split.forward(*args, **kwargs)[0], objective.forward(*args, **kwargs)[0]
+    assert _ulps(got, want) <= SPLIT_ULPS
+    gelu = objective.model.blocks[0].feedforward[1]
+    assert gelu.approximate == "tanh"               # GPT-2's
+    before = want
+    gelu.approximate = "none"
+    got, want = split.forward(*args, **kwargs)[0], objective.forward(*args, **kwargs)[0]
+    assert want != before and _ulps(got, want) <= SPLIT_ULPS
+
+
 def test_the_twins_hold_no_gradient_between_steps():
     objective, args, kwargs = _llama(np.float32)
     split = BatchSplit(objective, 3, min_part_work=0)

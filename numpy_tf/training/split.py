@@ -19,7 +19,9 @@ on a 2-core machine the step of the benchmarks' small to large GPTs took 10-25 %
 this way than with the whole batch and a 2-thread BLAS (docs/benchmarks.md).
 
 Each part runs a twin of the objective: a copy whose Parameters hold the same weight arrays
-(not copies: the twin always reads the weights the model holds, set again at every call). What
+(not copies: the twin always reads the weights the model holds, set again at every call), in
+the model's train/eval mode, made again whenever anything else the objective's modules hold (a
+label_smoothing, an activation's approximation, a module) is no longer the same object. What
 the parts' backwards add into is arranged so that no two threads ever add into one array and the
 sums are taken in one order whatever the threads' timing:
 
@@ -106,6 +108,7 @@ class BatchSplit:
         self.min_part_work = validate.non_negative_int("min_part_work", min_part_work)
         self._twins: list[_Twin] = []
         self._built_for: tuple = ()
+        self._built_settings: list = []
         self._pool: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
@@ -197,14 +200,17 @@ class BatchSplit:
 
     def _twins_for(self, parts: int, own: list) -> list["_Twin"]:
         """The twins of parts 0 .. parts - 1, reading the weight arrays of `own` (the
-        objective's Parameters) as they are now; made again when the objective's Parameters
-        are no longer those they were made for."""
+        objective's Parameters) as they are now; made again when the objective's Parameters,
+        its modules or anything else they hold (a label_smoothing, a config, a buffer) are no
+        longer the objects they were made from."""
+        modules = [module for _, module in self.objective.named_modules()]
+        settings = _settings(modules)
         if len(own) != len(self._built_for) or any(
-                a is not b for a, b in zip(own, self._built_for)):
-            self._twins, self._built_for = [], tuple(own)
+                a is not b for a, b in zip(own, self._built_for)) \
+                or not _same_settings(settings, self._built_settings):
+            self._twins, self._built_for, self._built_settings = [], tuple(own), settings
         while len(self._twins) < parts:
             self._twins.append(_Twin(self.objective, own, len(self._twins)))
-        modules = [module for _, module in self.objective.named_modules()]
         for twin in self._twins[:parts]:
             for parameter, twins in zip(own, twin.parameters):
                 twins.data = parameter.data         # the optimizer may have put in new arrays
@@ -345,6 +351,23 @@ class _Twin:
             return result
         finishing_backward.watches = False          # Module.backward_is_watched
         return finishing_backward
+
+
+def _settings(modules: list) -> list:
+    """[(module, [(name, value)])]: each module and what it holds besides Parameters,
+    sub-Modules and its train/eval flag (which the twins follow on every call)."""
+    return [(module, [(name, value) for name, value in vars(module).items()
+                      if name != "training" and not isinstance(value, (Parameter, Module))])
+            for module in modules]
+
+
+def _same_settings(now: list, then: list) -> bool:
+    """Whether two _settings lists hold the same modules and the same objects, by identity."""
+    return len(now) == len(then) and all(
+        module is earlier and len(held) == len(kept) and all(
+            name == old_name and value is old_value
+            for (name, value), (old_name, old_value) in zip(held, kept))
+        for (module, held), (earlier, kept) in zip(now, then))
 
 
 def _finishing(modules: list) -> list:
