@@ -252,6 +252,18 @@ def test_the_twins_follow_what_else_the_objective_holds():
     assert want != before and _ulps(got, want) <= SPLIT_ULPS
 
 
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_steps_keep_the_twins(name):
+    """Nothing a step does to the objective makes the twins stale: three steps, one set."""
+    objective, args, kwargs = OBJECTIVES[name](np.float64)
+    split = BatchSplit(objective, 2, min_part_work=0)
+    _step(split, args, kwargs, 0.75)
+    twins = list(split._twins)
+    _step(split, args, kwargs, 0.75)
+    _step(split, args, kwargs, 0.75)
+    assert len(twins) == 2 and all(a is b for a, b in zip(split._twins, twins))
+
+
 def test_the_twins_hold_no_gradient_between_steps():
     objective, args, kwargs = _llama(np.float32)
     split = BatchSplit(objective, 3, min_part_work=0)
