@@ -91,6 +91,7 @@ class SplitCache(NamedTuple):
     counts: tuple           # n_k: each part's kept targets
     count: int              # N: the whole batch's kept targets (Trainer.evaluate weighs by it)
     output_spec: tuple      # ((), dtype): the loss's
+    twins: tuple            # the parts' twins that made the caches (and run their backwards)
 
 
 class BatchSplit:
@@ -135,7 +136,8 @@ class BatchSplit:
         # sum_k n_k L_k / N in float64, rounded once to the loss's dtype; 0 when nothing is
         # kept, as cross-entropy's mean over no targets is
         mean = sum(float(loss) * n for loss, n in zip(losses, counts)) / total if total else 0.0
-        cache = SplitCache(tuple(cache for _, cache in results), counts, total, ((), dtype))
+        cache = SplitCache(tuple(cache for _, cache in results), counts, total, ((), dtype),
+                           tuple(twins))
         return (np.array(mean, dtype) if isinstance(losses[0], np.ndarray) else
                 dtype.type(mean)), cache
 
@@ -150,9 +152,8 @@ class BatchSplit:
             return self.objective.backward(dloss, cache)
         dtype = cache.output_spec[1]
         validate.gradient("dloss", dloss, (), dtype, "the objective")
-        own = self.objective.parameters()
-        twins = self._twins_for(len(cache.caches), own)
-        handoff = _Handoff(own, len(twins))
+        twins = cache.twins                 # as forward left them: the caches are theirs
+        handoff = _Handoff(twins[0].own, len(twins))
         scale = float(np.asarray(dloss, dtype=dtype))
         for twin in twins:
             twin.handoff = handoff
@@ -329,6 +330,7 @@ class _Twin:
         memo = {id(parameter): _PartParameter(parameter.data, self, index)
                 for index, parameter in enumerate(own)}
         self.objective = copy.deepcopy(objective, memo)
+        self.own = own                          # the model's Parameters, in index order
         self.parameters = [memo[id(parameter)] for parameter in own]
         self.modules = [module for _, module in self.objective.named_modules()]
         for module, indices in _finishing(self.modules):
