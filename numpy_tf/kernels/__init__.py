@@ -11,8 +11,10 @@ is inside `numpy_tf.reference_path()`.
     erf.py         erf and erfc in blocks, in place (numpy_tf.core.special is the reference)
     gelu.py        GELU's forward and backward in blocks (layers.activations)
     linear.py      Linear's forward for inputs checked by the class, its backward added
-                   straight into the Parameters' gradients (layers.linear)
-    norm.py        LayerNorm and RMSNorm with one-pass row statistics (layers.norm)
+                   straight into the Parameters' gradients; a norm's output kept as what
+                   rebuilds it (fed_by_norm) (layers.linear)
+    norm.py        LayerNorm and RMSNorm with one-pass row statistics; NormOutput, the
+                   arrays that rebuild a norm's output (layers.norm)
     attention.py   attention's forward and backward in cache-sized chunks of the batch, the
                    backward into given arrays; the fused qkv gradient (layers.attention,
                    layers.multihead)

@@ -9,10 +9,42 @@ as Linear.backward adds the reference's dweight and dbias, before dx is made (so
 temporary of dW is gone before the (N, IN) dx exists: 0.25 MB off the small float32 step's
 peak in the feed-forward's first Linear). The products are the reference's: the leading axes
 flattened into N rows, one matrix multiply each.
+
+A Linear fed a norm's output keeps, for dW, the arrays that rebuild it (norm.NormOutput)
+instead of the output itself, when the code feeding it says so: within
+`with fed_by_norm(out, norm_output):` a Linear whose forward is given that very array `out`
+keeps `norm_output` (LayerNorm.feeding and RMSNorm.feeding open it, around the consumer their
+block calls next, so nothing can change `out` in between). The backward rebuilds it: the same
+bits, one (..., C) pass, and one (..., C) array fewer alive from the forward to the backward.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import numpy as np
+
+from .norm import NormOutput
+
+_FED: ContextVar[tuple | None] = ContextVar("numpy_tf_fed_by_norm", default=None)
+
+
+@contextmanager
+def fed_by_norm(out: np.ndarray, norm_output: NormOutput):
+    """Within the block, a Linear given the array `out` keeps `norm_output` for its backward.
+    Each thread has its own (a context variable); the block restores what it found."""
+    token = _FED.set((out, norm_output))
+    try:
+        yield
+    finally:
+        _FED.reset(token)
+
+
+def input_to_keep(x: np.ndarray) -> np.ndarray | NormOutput:
+    """What a Linear's kernel cache keeps of its input x: a NormOutput when x is the array a
+    fed_by_norm block names, else x."""
+    fed = _FED.get()
+    return fed[1] if fed is not None and fed[0] is x else x
 
 
 def linear_rows(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -23,12 +55,14 @@ def linear_rows(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> n
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def linear_backward_into(dout: np.ndarray, x: np.ndarray, weight: np.ndarray,
+def linear_backward_into(dout: np.ndarray, x: np.ndarray | NormOutput, weight: np.ndarray,
                          weight_grad: np.ndarray, bias_grad: np.ndarray | None) -> np.ndarray:
     """dx = dout W, returned; dW = dout^T x added into weight_grad and db = sum_n dout_n into
-    bias_grad (when not None)."""
+    bias_grad (when not None). x may be kept as a NormOutput: rebuilt for dW, then let go."""
     dout_rows = dout.reshape(-1, dout.shape[-1])                    # (N, OUT)
-    weight_grad += dout_rows.T @ x.reshape(-1, x.shape[-1])         # (OUT, IN)
+    x_rows = (x.rebuild() if type(x) is NormOutput else x).reshape(-1, x.shape[-1])  # (N, IN)
+    weight_grad += dout_rows.T @ x_rows                             # (OUT, IN)
+    del x_rows
     if bias_grad is not None:
         bias_grad += dout_rows.sum(axis=0)                          # (OUT,)
     dx = dout_rows @ weight                                         # (N, IN)

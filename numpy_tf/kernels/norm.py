@@ -9,8 +9,16 @@ without ndarray.mean's Python-level wrapper (it counts at the tiny sizes); x - m
 normalised in place. The classes call these after checking their input once. einsum adds a
 row in another order than NumPy's pairwise sum, so the statistics may differ from the
 reference's in their last bits (the measured bound is stated in tests/test_kernels.py).
+
+NormOutput is a norm's output kept as the arrays that make it, for a Linear fed that output
+(kernels.linear.fed_by_norm): the Linear needs its input only for dW in its backward, and the
+norm's cache holds x_hat anyway, so the step keeps one (..., C) array fewer per norm from the
+forward to the backward. rebuild() repeats the forward's operations (scale_and_shift, which the
+forwards call too), so the rebuilt array is the forward's output bit for bit.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +38,37 @@ def _sum_over_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("ni,ni->i", a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]))
 
 
+def scale_and_shift(x_hat: np.ndarray, weight: np.ndarray | None,
+                    bias: np.ndarray | None) -> np.ndarray:
+    """out = weight * x_hat + bias, a new array (x_hat is the cache's)."""
+    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
+    if bias is not None:
+        out += bias
+    return out
+
+
+class NormOutput(NamedTuple):
+    """out = weight * x_hat + bias of a LayerNorm or RMSNorm (bias None), kept in place of out."""
+    x_hat: np.ndarray               # (..., C) the norm cache's own
+    weight: np.ndarray | None       # (C,) the scale gamma the forward used, or None
+    bias: np.ndarray | None         # (C,) or None
+
+    @property
+    def shape(self) -> tuple:
+        return self.x_hat.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.x_hat.dtype
+
+    def rebuild(self) -> np.ndarray:
+        """The forward's out, the same bits (x_hat itself when there is nothing to apply: the
+        caller only reads it)."""
+        if self.weight is None and self.bias is None:
+            return self.x_hat
+        return scale_and_shift(self.x_hat, self.weight, self.bias)
+
+
 def layernorm_rows(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
                    eps: float):
     """(out, x_hat, inv_std) of LayerNorm over the last axis of a checked x (..., C)."""
@@ -37,10 +76,7 @@ def layernorm_rows(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | 
     x_hat = x - mean                                                # (..., C) centered
     inv_std = 1.0 / np.sqrt(_row_mean_of_product(x_hat, x_hat) + eps)   # (..., 1)
     x_hat *= inv_std                                                # in place
-    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
-    if bias is not None:
-        out += bias
-    return out, x_hat, inv_std
+    return scale_and_shift(x_hat, weight, bias), x_hat, inv_std
 
 
 def layernorm_rows_backward(dout: np.ndarray, x_hat: np.ndarray, inv_std: np.ndarray,
@@ -59,8 +95,7 @@ def rmsnorm_rows(x: np.ndarray, weight: np.ndarray | None, eps: float):
     """(out, x_hat, inv_rms) of RMSNorm over the last axis of a checked x (..., C)."""
     inv_rms = 1.0 / np.sqrt(_row_mean_of_product(x, x) + eps)       # (..., 1)
     x_hat = x * inv_rms                                             # (..., C)
-    out = x_hat * weight if weight is not None else x_hat.copy()    # (..., C)
-    return out, x_hat, inv_rms
+    return scale_and_shift(x_hat, weight, None), x_hat, inv_rms
 
 
 def rmsnorm_rows_backward(dout: np.ndarray, x_hat: np.ndarray, inv_rms: np.ndarray,

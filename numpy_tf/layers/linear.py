@@ -13,7 +13,7 @@ import numpy as np
 from ..core import validate
 from ..core.module import Module, Parameter
 from ..core.paths import kernels_enabled
-from ..kernels.linear import linear_backward_into, linear_rows
+from ..kernels.linear import input_to_keep, linear_backward_into, linear_rows
 
 
 class LinearCache(NamedTuple):
@@ -28,7 +28,8 @@ class LinearCache(NamedTuple):
 
 class LinearKernelCache(LinearCache):
     """A LinearCache made by the kernel tier (numpy_tf.kernels.linear): the same fields; its
-    type tells Linear.backward to run the kernel's backward."""
+    type tells Linear.backward to run the kernel's backward. Its x is a kernels.norm.NormOutput
+    (shape and dtype as x's) when a norm's `feeding` block handed the Linear its output."""
     __slots__ = ()
 
 
@@ -101,7 +102,8 @@ class Linear(Module):
             validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
             validate.same_dtype(weight=weight, x=x)           # the bias has the weight's dtype
             validate.last_dim("x", x, self.in_features, "in_features")
-        return linear_rows(x, weight, bias), LinearKernelCache(x, weight, bias is not None)
+        return linear_rows(x, weight, bias), LinearKernelCache(input_to_keep(x), weight,
+                                                               bias is not None)
 
     def check_cache(self, cache) -> None:
         """A LinearCache must come from a Linear of this one's shape, dtype and bias: its

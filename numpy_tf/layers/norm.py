@@ -14,6 +14,7 @@ between float32 and float64, and Llama checkpoints use 1e-6 or 1e-5, so numpy_tf
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import numpy as np
@@ -21,7 +22,8 @@ import numpy as np
 from ..core import validate
 from ..core.module import Module, Parameter
 from ..core.paths import kernels_enabled
-from ..kernels.norm import (layernorm_rows, layernorm_rows_backward, rmsnorm_rows,
+from ..kernels.linear import fed_by_norm
+from ..kernels.norm import (NormOutput, layernorm_rows, layernorm_rows_backward, rmsnorm_rows,
                             rmsnorm_rows_backward)
 
 
@@ -227,6 +229,23 @@ def _check_own_cache(layer, cache, kind) -> None:
             validate.cache_fits("bias flag", cache.has_bias, layer.bias is not None)
 
 
+def _feeding(norm: Module, own_class: type, out, cache, kernel_cache: type, bias):
+    """norm.feeding's block: kernels.linear.fed_by_norm when `out` is surely what norm's kernel
+    forward returned with `cache` (a kernel cache; the class's own forward, with no wrapper on
+    the instance that could have replaced or changed out; its last row rebuilt equal), else a
+    block that does nothing."""
+    if type(cache) is not kernel_cache or type(norm).forward is not own_class.forward or \
+            "forward" in vars(norm) or type(out) is not np.ndarray or \
+            out.shape != cache.x_hat.shape or out.dtype != cache.x_hat.dtype or out.size == 0:
+        return nullcontext()
+    kept = NormOutput(cache.x_hat, cache.weight, bias)
+    last_row = NormOutput(cache.x_hat.reshape(-1, out.shape[-1])[-1], cache.weight, bias)
+    if not np.array_equal(last_row.rebuild(), out.reshape(-1, out.shape[-1])[-1],
+                          equal_nan=True):
+        return nullcontext()
+    return fed_by_norm(out, kept)
+
+
 class LayerNorm(Module):
     """torch.nn.LayerNorm(normalized_shape, eps, elementwise_affine, bias) over the last axis.
     Parameters `weight` (C,) initialised to ones and `bias` (C,) to zeros, as torch; both are
@@ -255,6 +274,16 @@ class LayerNorm(Module):
             validate.same_dtype(weight=weight, x=x)     # the bias has the weight's dtype
         out, x_hat, inv_std = layernorm_rows(x, weight, bias, self.eps)
         return out, LayerNormKernelCache(x_hat, inv_std, weight, bias is not None)
+
+    def feeding(self, out, cache):
+        """`with norm.feeding(out, cache): consumer.forward(out)`, where (out, cache) is what
+        this norm's forward has just returned and the consumer uses out as given: a Linear in
+        the consumer given out keeps the arrays that rebuild it (cache's x_hat, the weight and
+        bias) instead of out, and rebuilds it, the same bits, in its backward: one (..., C)
+        array fewer alive from the forward to the backward (kernels.linear). Does nothing for
+        a reference-path cache or a watched forward."""
+        return _feeding(self, LayerNorm, out, cache, LayerNormKernelCache,
+                        None if self.bias is None else self.bias.data)
 
     def backward(self, dout, cache):
         _check_own_cache(self, cache, LayerNormCache)
@@ -299,6 +328,10 @@ class RMSNorm(Module):
             weight = 1.0 + weight                                   # gamma
         out, x_hat, inv_rms = rmsnorm_rows(x, weight, self.eps)
         return out, RMSNormKernelCache(x_hat, inv_rms, weight)
+
+    def feeding(self, out, cache):
+        """As LayerNorm.feeding (no bias)."""
+        return _feeding(self, RMSNorm, out, cache, RMSNormKernelCache, None)
 
     def backward(self, dout, cache):
         _check_own_cache(self, cache, RMSNormCache)

@@ -107,19 +107,22 @@ class DecoderBlock(Module):
         """x (B, T, C) -> y (B, T, C), one sub-layer per line."""
         if self.norm_first:                 # Pre-LN: u = x + attn(norm1(x)), y = u + ffn(norm2(u))
             h, norm1 = self.norm1.forward(x)                                # (B, T, C)
-            a, attention = self.attention.forward(
-                h, is_causal=True, key_padding_mask=key_padding_mask, past_kv=past_kv,
-                rng=rng)                                                    # (B, T, C)
+            with self.norm1.feeding(h, norm1):     # the qkv Linear keeps x_hat, not h
+                a, attention = self.attention.forward(
+                    h, is_causal=True, key_padding_mask=key_padding_mask, past_kv=past_kv,
+                    rng=rng)                                                # (B, T, C)
             u = x + a
             h, norm2 = self.norm2.forward(u)                                # (B, T, C)
-            f, feedforward = self.feedforward.forward(h)                    # (B, T, C)
+            with self.norm2.feeding(h, norm2):
+                f, feedforward = self.feedforward.forward(h)                # (B, T, C)
             y = u + f
         else:                               # Post-LN: u = norm1(x + attn(x)), y = norm2(u + ffn(u))
             a, attention = self.attention.forward(
                 x, is_causal=True, key_padding_mask=key_padding_mask, past_kv=past_kv,
                 rng=rng)                                                    # (B, T, C)
             u, norm1 = self.norm1.forward(x + a)                            # (B, T, C)
-            f, feedforward = self.feedforward.forward(u)                    # (B, T, C)
+            with self.norm1.feeding(u, norm1):
+                f, feedforward = self.feedforward.forward(u)                # (B, T, C)
             y, norm2 = self.norm2.forward(u + f)                            # (B, T, C)
         return y, DecoderBlockCache(norm1, attention, norm2, feedforward)
 
@@ -231,7 +234,8 @@ class GPT(Module):
             blocks.append(cache)
             present.append(cache.attention.present)
         x, final_norm = self.final_norm.forward(x)                  # (B, T, C)
-        logits, output = self.output.forward(x)                     # (B, T, V)
+        with self.final_norm.feeding(x, final_norm):
+            logits, output = self.output.forward(x)                 # (B, T, V)
         return logits, GPTCache(tokens, positions, blocks, final_norm, output, present)
 
     def backward(self, dlogits, cache: GPTCache):
