@@ -17,13 +17,13 @@ from numpy_tf.models.objectives import NextTokenLoss
 DTYPES = [np.float32, np.float64]
 
 NORMS = {
-    "layernorm": lambda dtype: LayerNorm(24, dtype=dtype),
-    "layernorm without bias": lambda dtype: LayerNorm(24, bias=False, dtype=dtype),
-    "layernorm without affine": lambda dtype: LayerNorm(24, elementwise_affine=False,
+    "layernorm": lambda dtype: LayerNorm(64, dtype=dtype),
+    "layernorm without bias": lambda dtype: LayerNorm(64, bias=False, dtype=dtype),
+    "layernorm without affine": lambda dtype: LayerNorm(64, elementwise_affine=False,
                                                         dtype=dtype),
-    "rmsnorm": lambda dtype: RMSNorm(24, 1e-6, dtype=dtype),
-    "rmsnorm with unit offset": lambda dtype: RMSNorm(24, 1e-6, dtype=dtype, unit_offset=True),
-    "rmsnorm without weight": lambda dtype: RMSNorm(24, 1e-6, elementwise_affine=False,
+    "rmsnorm": lambda dtype: RMSNorm(64, 1e-6, dtype=dtype),
+    "rmsnorm with unit offset": lambda dtype: RMSNorm(64, 1e-6, dtype=dtype, unit_offset=True),
+    "rmsnorm without weight": lambda dtype: RMSNorm(64, 1e-6, elementwise_affine=False,
                                                     dtype=dtype),
 }
 
@@ -35,7 +35,7 @@ def _spread(norm, seed=0):
         parameter.data[...] = rng.standard_normal(parameter.shape) * 1.7 + 0.3
 
 
-def _input(dtype, seed=1, shape=(3, 5, 24)):
+def _input(dtype, seed=1, shape=(4, 128, 64)):
     rng = np.random.default_rng(seed)
     scale = 10.0 ** rng.uniform(-3, 3, shape[:-1] + (1,))          # rows of every magnitude
     return (rng.standard_normal(shape) * scale + rng.standard_normal(shape[:-1] + (1,))
@@ -66,10 +66,10 @@ def test_rebuilding_gives_the_norm_output_bit_for_bit(kind, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", NORMS)
 def test_a_fed_linear_keeps_x_hat_and_gives_the_same_gradients(kind, dtype):
-    norm, linear = NORMS[kind](dtype), Linear(24, 7, dtype=dtype, rng=2)
+    norm, linear = NORMS[kind](dtype), Linear(64, 7, dtype=dtype, rng=2)
     _spread(norm)
     x = _input(dtype)
-    dy = np.random.default_rng(3).standard_normal((3, 5, 7)).astype(dtype)
+    dy = np.random.default_rng(3).standard_normal((4, 128, 7)).astype(dtype)
     y_plain, _, plain = _fed_linear(norm, x, linear, feeding=False)
     dx_plain = linear.backward(dy, plain)
     grads_plain = [p.grad.copy() for p in linear.parameters()]
@@ -87,7 +87,7 @@ def test_a_fed_linear_keeps_x_hat_and_gives_the_same_gradients(kind, dtype):
 
 def _kept(norm, x, give=lambda h: h, cache_of=None):
     """The type of what a Linear keeps when fed give(h) inside norm.feeding(h, cache)."""
-    linear = Linear(24, 4, dtype=x.dtype)
+    linear = Linear(64, 4, dtype=x.dtype)
     h, cache = norm.forward(x)
     with norm.feeding(h, cache if cache_of is None else cache_of):
         _, linear_cache = linear.forward(give(h))
@@ -96,7 +96,7 @@ def _kept(norm, x, give=lambda h: h, cache_of=None):
 
 def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one():
     x = _input(np.float64)
-    norm = LayerNorm(24)
+    norm = LayerNorm(64)
     _spread(norm)
     assert _kept(norm, x) is NormOutput
     assert _kept(norm, x, give=np.copy) is np.ndarray                  # another array
@@ -108,7 +108,7 @@ def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one(
 
     # a wrapper, or a subclass, that writes into the output (its first row: the last row is
     # what feeding compares with the rebuilt one)
-    watched = LayerNorm(24)
+    watched = LayerNorm(64)
     forward = watched.forward
 
     def doubled(x):
@@ -125,8 +125,10 @@ def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one(
             out[0] += 1.0
             return out, cache
 
-    assert _kept(Shifted(24), x) is np.ndarray
-    linear = Linear(24, 4)                                             # no block: nothing kept
+    assert _kept(Shifted(64), x) is np.ndarray
+    assert _kept(norm, _input(np.float64, shape=(4, 127, 64))) is np.ndarray   # too small
+    assert _kept(norm, _input(np.float64, shape=(4, 128, 64))) is NormOutput   # FED_MIN_SIZE
+    linear = Linear(64, 4)                                             # no block: nothing kept
     h, cache = norm.forward(x)
     with norm.feeding(h, cache):
         pass
@@ -134,7 +136,7 @@ def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one(
 
 
 def test_the_block_belongs_to_its_thread():
-    norm, linear = LayerNorm(24), Linear(24, 4)
+    norm, linear = LayerNorm(64), Linear(64, 4)
     h, cache = norm.forward(_input(np.float64))
     kept = {}
     with norm.feeding(h, cache):
@@ -146,7 +148,7 @@ def test_the_block_belongs_to_its_thread():
 
 
 def _gpt(norm_first: bool, dtype):
-    config = replace(GPTConfig.tiny(), width=32, heads=4, layers=2, max_context=16,
+    config = replace(GPTConfig.tiny(), width=64, heads=4, layers=2, max_context=32,
                      norm_first=norm_first)
     model = GPT(config, rng=0, dtype=dtype)
     for name, parameter in model.named_parameters():           # norms away from 1 and 0
@@ -170,7 +172,7 @@ def test_a_gpt_step_keeps_no_norm_output_and_gives_the_same_bits(monkeypatch, no
                                                                   dtype):
     model = _gpt(norm_first, dtype)
     objective = NextTokenLoss(model)
-    ids = np.random.default_rng(4).integers(0, model.config.vocab_size, (3, 16))
+    ids = np.random.default_rng(4).integers(0, model.config.vocab_size, (16, 32))
     fed, cache = _step_grads(objective, model, ids)
     block = cache.model.blocks[0]
     if norm_first:
@@ -196,7 +198,7 @@ def test_a_gpt_step_holds_one_array_fewer_per_norm(monkeypatch):
 
     model = _gpt(True, np.float64)
     objective = NextTokenLoss(model)
-    ids = np.random.default_rng(4).integers(0, model.config.vocab_size, (16, 16))
+    ids = np.random.default_rng(4).integers(0, model.config.vocab_size, (16, 32))
 
     def backward_peak():
         model.zero_grad()

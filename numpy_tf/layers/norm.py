@@ -22,7 +22,7 @@ import numpy as np
 from ..core import validate
 from ..core.module import Module, Parameter
 from ..core.paths import kernels_enabled
-from ..kernels.linear import fed_by_norm
+from ..kernels.linear import FED_MIN_SIZE, fed_by_norm
 from ..kernels.norm import (NormOutput, layernorm_rows, layernorm_rows_backward, rmsnorm_rows,
                             rmsnorm_rows_backward)
 
@@ -232,18 +232,18 @@ def _check_own_cache(layer, cache, kind) -> None:
 def _feeding(norm: Module, own_class: type, out, cache, kernel_cache: type, bias):
     """norm.feeding's block: kernels.linear.fed_by_norm when `out` is surely what norm's kernel
     forward returned with `cache` (a kernel cache; the class's own forward, with no wrapper on
-    the instance that could have replaced or changed out; its last row rebuilt equal), else a
-    block that does nothing."""
-    if type(cache) is not kernel_cache or type(norm).forward is not own_class.forward or \
-            "forward" in vars(norm) or type(out) is not np.ndarray or \
-            out.shape != cache.x_hat.shape or out.dtype != cache.x_hat.dtype or out.size == 0:
+    the instance that could have replaced or changed out; its last row rebuilt equal) and has
+    at least FED_MIN_SIZE elements, else a block that does nothing."""
+    if type(out) is not np.ndarray or out.size < FED_MIN_SIZE or \
+            type(cache) is not kernel_cache or type(norm).forward is not own_class.forward or \
+            "forward" in vars(norm) or out.shape != cache.x_hat.shape or \
+            out.dtype != cache.x_hat.dtype:
         return nullcontext()
-    kept = NormOutput(cache.x_hat, cache.weight, bias)
-    last_row = NormOutput(cache.x_hat.reshape(-1, out.shape[-1])[-1], cache.weight, bias)
-    if not np.array_equal(last_row.rebuild(), out.reshape(-1, out.shape[-1])[-1],
-                          equal_nan=True):
+    width = out.shape[-1]
+    last_row = NormOutput(cache.x_hat.reshape(-1, width)[-1], cache.weight, bias).rebuild()
+    if last_row.tobytes() != out.reshape(-1, width)[-1].tobytes():
         return nullcontext()
-    return fed_by_norm(out, kept)
+    return fed_by_norm(out, NormOutput(cache.x_hat, cache.weight, bias))
 
 
 class LayerNorm(Module):
