@@ -135,6 +135,17 @@ def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one(
     assert type(linear.forward(h)[1].x) is np.ndarray
 
 
+def test_feeding_refuses_what_no_norm_forward_returns():
+    norm = LayerNorm(64)
+    h, cache = norm.forward(_input(np.float64))
+    with pytest.raises(TypeError, match="cache must be the LayerNormCache"):
+        norm.feeding(h, None)
+    with pytest.raises(TypeError, match="cache must be the RMSNormCache"):
+        RMSNorm(64, 1e-6).feeding(h, cache)
+    with pytest.raises(TypeError, match="out must be the array"):
+        norm.feeding(h.tolist(), cache)
+
+
 def test_the_block_belongs_to_its_thread():
     norm, linear = LayerNorm(64), Linear(64, 4)
     h, cache = norm.forward(_input(np.float64))

@@ -229,11 +229,16 @@ def _check_own_cache(layer, cache, kind) -> None:
             validate.cache_fits("bias flag", cache.has_bias, layer.bias is not None)
 
 
-def _feeding(norm: Module, own_class: type, out, cache, kernel_cache: type, bias):
+def _feeding(norm: Module, own_class: type, out, cache, kind: type, kernel_cache: type, bias):
     """norm.feeding's block: kernels.linear.fed_by_norm when `out` is surely what norm's kernel
     forward returned with `cache` (a kernel cache; the class's own forward, with no wrapper on
     the instance that could have replaced or changed out; its last row rebuilt equal) and has
-    at least FED_MIN_SIZE elements, else a block that does nothing."""
+    at least FED_MIN_SIZE elements, else a block that does nothing. A cache of another kind,
+    or an out that is no array at all, is a mistake in the caller and is refused."""
+    validate.cache_kind(cache, kind)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be the array this norm's forward returned; got "
+                        f"{validate.kind_of(out)}")
     if type(out) is not np.ndarray or out.size < FED_MIN_SIZE or \
             type(cache) is not kernel_cache or type(norm).forward is not own_class.forward or \
             "forward" in vars(norm) or out.shape != cache.x_hat.shape or \
@@ -282,7 +287,7 @@ class LayerNorm(Module):
         bias) instead of out, and rebuilds it, the same bits, in its backward: one (..., C)
         array fewer alive from the forward to the backward (kernels.linear). Does nothing for
         a reference-path cache or a watched forward."""
-        return _feeding(self, LayerNorm, out, cache, LayerNormKernelCache,
+        return _feeding(self, LayerNorm, out, cache, LayerNormCache, LayerNormKernelCache,
                         None if self.bias is None else self.bias.data)
 
     def backward(self, dout, cache):
@@ -331,7 +336,7 @@ class RMSNorm(Module):
 
     def feeding(self, out, cache):
         """As LayerNorm.feeding (no bias)."""
-        return _feeding(self, RMSNorm, out, cache, RMSNormKernelCache, None)
+        return _feeding(self, RMSNorm, out, cache, RMSNormCache, RMSNormKernelCache, None)
 
     def backward(self, dout, cache):
         _check_own_cache(self, cache, RMSNormCache)
