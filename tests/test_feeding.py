@@ -126,6 +126,19 @@ def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one(
             return out, cache
 
     assert _kept(Shifted(64), x) is np.ndarray
+
+    linear = Linear(64, 4)                                             # a Linear's wrapper
+    linear_forward = linear.forward
+
+    def scaled(x):
+        x *= 2.0                                                       # writes what it is given
+        return linear_forward(x)
+
+    linear.forward = scaled
+    h, cache = norm.forward(x)
+    with norm.feeding(h, cache):
+        _, linear_cache = linear.forward(h)
+    assert type(linear_cache.x) is np.ndarray
     assert _kept(norm, _input(np.float64, shape=(4, 127, 64))) is np.ndarray   # too small
     assert _kept(norm, _input(np.float64, shape=(4, 128, 64))) is NormOutput   # FED_MIN_SIZE
     linear = Linear(64, 4)                                             # no block: nothing kept

@@ -14,7 +14,8 @@ A Linear fed a norm's output keeps, for dW, the arrays that rebuild it (norm.Nor
 instead of the output itself, when the code feeding it says so: within
 `with fed_by_norm(out, norm_output):` a Linear whose forward is given that very array `out`
 keeps `norm_output` (LayerNorm.feeding and RMSNorm.feeding open it, around the consumer their
-block calls next, so nothing can change `out` in between). The backward rebuilds it: the same
+block calls next, which never writes into its input; a Linear whose forward is wrapped on the
+instance, where a wrapper could write into x first, keeps x). The backward rebuilds it: the same
 bits, one (..., C) pass, and one (..., C) array fewer alive from the forward to the backward.
 An output of fewer than FED_MIN_SIZE elements is kept as it is: it costs less memory (256 KB of
 float64 at most) than the checks cost time (about 6 us a norm, 3 % of the tiny GPT's step and

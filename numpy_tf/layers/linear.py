@@ -102,8 +102,8 @@ class Linear(Module):
             validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
             validate.same_dtype(weight=weight, x=x)           # the bias has the weight's dtype
             validate.last_dim("x", x, self.in_features, "in_features")
-        return linear_rows(x, weight, bias), LinearKernelCache(input_to_keep(x), weight,
-                                                               bias is not None)
+        kept = x if "forward" in vars(self) else input_to_keep(x)   # a wrapper may write x
+        return linear_rows(x, weight, bias), LinearKernelCache(kept, weight, bias is not None)
 
     def check_cache(self, cache) -> None:
         """A LinearCache must come from a Linear of this one's shape, dtype and bias: its
