@@ -106,14 +106,14 @@ def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one(
     with reference_path():                                             # a reference cache
         assert _kept(norm, x) is np.ndarray
 
-    # a wrapper, or a subclass, that writes into the output (its first row: the last row is
-    # what feeding compares with the rebuilt one)
+    # a wrapper, or a subclass, that writes into the output (a middle row: the first and the
+    # last are what feeding compares with the rebuilt ones)
     watched = LayerNorm(64)
     forward = watched.forward
 
     def doubled(x):
         out, cache = forward(x)
-        out[0] *= 2.0
+        out[1] *= 2.0
         return out, cache
 
     watched.forward = doubled
@@ -122,7 +122,7 @@ def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one(
     class Shifted(LayerNorm):
         def forward(self, x):
             out, cache = super().forward(x)
-            out[0] += 1.0
+            out[1] += 1.0
             return out, cache
 
     assert _kept(Shifted(64), x) is np.ndarray
@@ -131,7 +131,7 @@ def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one(
     linear_forward = linear.forward
 
     def scaled(x):
-        x *= 2.0                                                       # writes what it is given
+        x[1] *= 2.0                                     # writes what it is given, a middle row
         return linear_forward(x)
 
     linear.forward = scaled
@@ -146,6 +146,76 @@ def test_feeding_keeps_the_output_whenever_it_could_differ_from_the_rebuilt_one(
     with norm.feeding(h, cache):
         pass
     assert type(linear.forward(h)[1].x) is np.ndarray
+
+
+def test_a_linear_that_may_have_written_its_input_keeps_it():
+    """A Linear subclass writing into x, a wrapper on the module that calls the Linear writing
+    into x's first row, and a class-level patch of LayerNorm.forward writing a middle row: the
+    Linear keeps x as given, so dW is of the written values. (A wrapper above the Linear
+    writing only middle rows is what the checks cannot see: SPEC section 3.)"""
+    norm = LayerNorm(64)
+    _spread(norm)
+    x = _input(np.float64)
+
+    class Doubling(Linear):
+        def forward(self, x):
+            x[1] *= 2.0                                 # neither the first row nor the last
+            return super().forward(x)
+
+    assert _kept(norm, x, give=lambda h: h) is NormOutput
+    linear = Doubling(64, 4)
+    h, cache = norm.forward(x)
+    with norm.feeding(h, cache):
+        _, linear_cache = linear.forward(h)
+    assert type(linear_cache.x) is np.ndarray
+
+    def scaled_by_a_parent(h):                          # writes before the Linear runs
+        h[0] *= 0.5                                     # its first row (the last: as likely)
+        return h
+    assert _kept(norm, x, give=scaled_by_a_parent) is np.ndarray
+
+    forward = LayerNorm.forward
+
+    def patched(self, x):
+        out, cache = forward(self, x)
+        out[1] += 1.0                                   # neither the first row nor the last
+        return out, cache
+
+    original = LayerNorm.__dict__["forward"]
+    LayerNorm.forward = patched
+    try:
+        assert _kept(LayerNorm(64), x) is np.ndarray
+    finally:
+        LayerNorm.forward = original
+
+
+def test_a_gpt_takes_any_module_as_a_norm():
+    """A norm swapped for a Module of the user's (here an identity) needs no feeding of its
+    own: Module.feeding is a block that does nothing."""
+    from numpy_tf.core.module import Module
+
+    class Identity(Module):
+        def forward(self, x):
+            return x.copy(), x.shape
+
+        def backward(self, dout, cache):
+            return dout.copy()
+
+    model = _gpt(True, np.float64)
+    model.blocks[0].norm1 = Identity()
+    objective = NextTokenLoss(model)
+    ids = np.random.default_rng(4).integers(0, model.config.vocab_size, (16, 32))
+    _, cache = _step_grads(objective, model, ids)
+    assert type(cache.model.blocks[0].attention.projections.x) is np.ndarray
+    assert type(cache.model.blocks[0].feedforward.caches[0].x) is NormOutput
+
+
+def test_fed_min_size_is_read_where_it_is_defined(monkeypatch):
+    from numpy_tf.kernels import linear as linear_kernels
+
+    x = _input(np.float64)
+    monkeypatch.setattr(linear_kernels, "FED_MIN_SIZE", x.size + 1)
+    assert _kept(LayerNorm(64), x) is np.ndarray
 
 
 def test_feeding_refuses_what_no_norm_forward_returns():

@@ -13,6 +13,7 @@ This file imports nothing of numpy_tf.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import operator
@@ -123,6 +124,12 @@ class Module:
     def is_recorded(self) -> bool:
         """Whether record_activations' wrappers sit on this module now."""
         return any(kind in vars(self) for kind in RECORDED)
+
+    def feeding(self, out, cache):
+        """`with module.feeding(out, cache): consumer.forward(out)`: a block in which a
+        Linear given this module's output `out` may keep, instead of out, what rebuilds it.
+        Here a block that does nothing; LayerNorm and RMSNorm say otherwise (layers.norm)."""
+        return contextlib.nullcontext()
 
     def backward_is_watched(self) -> bool:
         """Whether a wrapper on this instance sees the gradients its backward is given or

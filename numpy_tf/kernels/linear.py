@@ -14,8 +14,9 @@ A Linear fed a norm's output keeps, for dW, the arrays that rebuild it (norm.Nor
 instead of the output itself, when the code feeding it says so: within
 `with fed_by_norm(out, norm_output):` a Linear whose forward is given that very array `out`
 keeps `norm_output` (LayerNorm.feeding and RMSNorm.feeding open it, around the consumer their
-block calls next, which never writes into its input; a Linear whose forward is wrapped on the
-instance, where a wrapper could write into x first, keeps x). The backward rebuilds it: the same
+block calls next, which never writes into its input; a Linear keeps x as given when its forward
+is wrapped, patched or overridden, or when x's first or last row is no longer the norm's: what
+could have written into x first). The backward rebuilds it: the same
 bits, one (..., C) pass, and one (..., C) array fewer alive from the forward to the backward.
 An output of fewer than FED_MIN_SIZE elements is kept as it is: it costs less memory (256 KB of
 float64 at most) than the checks cost time (about 6 us a norm, 3 % of the tiny GPT's step and
@@ -47,9 +48,11 @@ def fed_by_norm(out: np.ndarray, norm_output: NormOutput):
 
 def input_to_keep(x: np.ndarray) -> np.ndarray | NormOutput:
     """What a Linear's kernel cache keeps of its input x: a NormOutput when x is the array a
-    fed_by_norm block names, else x."""
+    fed_by_norm block names and its first and last rows are still the norm's, else x."""
     fed = _FED.get()
-    return fed[1] if fed is not None and fed[0] is x else x
+    if fed is None or fed[0] is not x or not fed[1].matches(x):
+        return x
+    return fed[1]
 
 
 def linear_rows(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
