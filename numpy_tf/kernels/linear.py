@@ -13,14 +13,14 @@ flattened into N rows, one matrix multiply each.
 A Linear fed a norm's output keeps, for dW, the arrays that rebuild it (norm.NormOutput)
 instead of the output itself, when the code feeding it says so: within
 `with fed_by_norm(out, norm_output):` a Linear whose forward is given that very array `out`
-keeps `norm_output` (LayerNorm.feeding and RMSNorm.feeding open it, around the consumer their
-block calls next, which never writes into its input; a Linear keeps x as given when its forward
-is wrapped, patched or overridden, or when x's first or last row is no longer the norm's: what
-could have written into x first). The backward rebuilds it: the same
-bits, one (..., C) pass, and one (..., C) array fewer alive from the forward to the backward.
-An output of fewer than FED_MIN_SIZE elements is kept as it is: it costs less memory (256 KB of
-float64 at most) than the checks cost time (about 6 us a norm, 3 % of the tiny GPT's step and
-5 % of a decoded token's forward at the small one).
+keeps `norm_output`. LayerNorm.feeding and RMSNorm.feeding open the block around the consumer
+their block calls next, which never writes into its input; a Linear keeps x as given when its
+forward is wrapped, patched or overridden, or when x's first or last row is no longer the
+norm's (what could have written into x first). The backward rebuilds it: the same bits, one
+(..., C) pass, and one (..., C) array fewer alive from the forward to the backward. An output
+of fewer than FED_MIN_SIZE elements is kept as it is: it costs less memory (256 KB of float64
+at most) than the checks cost time (about 6 us a norm, 3 % of the tiny GPT's step and 5 % of a
+decoded token's forward at the small one).
 """
 from __future__ import annotations
 
