@@ -131,6 +131,12 @@ class Module:
         Here a block that does nothing; LayerNorm and RMSNorm say otherwise (layers.norm)."""
         return contextlib.nullcontext()
 
+    def runs_forward(self, forward) -> bool:
+        """Whether self.forward(...) runs the function `forward` as defined: no subclass
+        overriding it, no patch of the class's attribute, no wrapper on the instance (any of
+        which could replace or write what it returns or is given)."""
+        return type(self).forward is forward and "forward" not in vars(self)
+
     def backward_is_watched(self) -> bool:
         """Whether a wrapper on this instance sees the gradients its backward is given or
         returns (record_activations, rounding_every_module), so that a parent must hand it an

@@ -102,8 +102,8 @@ class Linear(Module):
             validate.float_array("x", x, min_ndim=1, shape="(..., IN)")
             validate.same_dtype(weight=weight, x=x)           # the bias has the weight's dtype
             validate.last_dim("x", x, self.in_features, "in_features")
-        trusted = type(self).forward is _OWN_FORWARD and "forward" not in vars(self)
-        kept = input_to_keep(x) if trusted else x        # a wrapper may have written into x
+        # a wrapped, patched or overridden forward may have written into x since its norm
+        kept = input_to_keep(x) if self.runs_forward(_OWN_FORWARD) else x
         return linear_rows(x, weight, bias), LinearKernelCache(kept, weight, bias is not None)
 
     def check_cache(self, cache) -> None:

@@ -237,7 +237,7 @@ def _feeding(norm: Module, own_class: type, out, cache, kind: type, kernel_cache
     first and last rows are what the cache rebuilds: kernels.linear.input_to_keep.) With this
     class's forward, a cache of another kind or an out that is no array is a mistake in the
     caller and is refused."""
-    if type(norm).forward is not _OWN_FORWARDS[own_class] or "forward" in vars(norm):
+    if not norm.runs_forward(_OWN_FORWARDS[own_class]):
         return nullcontext()
     validate.cache_kind(cache, kind)
     if not isinstance(out, np.ndarray):
