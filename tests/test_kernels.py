@@ -27,7 +27,7 @@ from numpy_tf.kernels import erf as erf_kernels
 from numpy_tf.kernels import gelu as gelu_kernels
 from numpy_tf.kernels import linear as linear_kernels
 from numpy_tf.kernels import norm as norm_kernels
-from numpy_tf.kernels.blocks import BLOCK
+from numpy_tf.kernels.blocks import block_size
 from numpy_tf.layers import activations, attention, embedding, linear, norm
 from numpy_tf.layers.multihead import merge_heads
 from numpy_tf.teaching.layer_table import LAYERS, EdgeCase
@@ -95,11 +95,12 @@ def _erf_inputs(dtype):
                            [0.0, np.inf, np.nan]])
     grid = np.concatenate([grid, -grid]).astype(dtype)
     rng = np.random.default_rng(3)
-    mostly_near_zero = rng.normal(0.0, 0.3, 5 * BLOCK)
+    block = block_size(np.dtype(dtype).itemsize)
+    mostly_near_zero = rng.normal(0.0, 0.3, 5 * block)
     mostly_near_zero[::97] *= 20.0                  # some of every region in each block
     return {"grid": grid, "mostly near zero": mostly_near_zero.astype(dtype),
-            "N(0, 1)": rng.standard_normal(5 * BLOCK).astype(dtype),
-            "N(0, 9)": (3.0 * rng.standard_normal(5 * BLOCK)).astype(dtype),
+            "N(0, 1)": rng.standard_normal(5 * block).astype(dtype),
+            "N(0, 9)": (3.0 * rng.standard_normal(5 * block)).astype(dtype),
             "one block, all near zero": rng.uniform(-0.4, 0.4, 1000).astype(dtype),
             "2-d, 0-d and empty": rng.standard_normal((7, 3)).astype(dtype)}
 
@@ -116,7 +117,7 @@ def test_blocked_erf_and_erfc_are_the_reference_bit_for_bit(kernel, reference, d
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_thread_count_changes_nothing(monkeypatch, dtype):
-    x = (np.random.default_rng(0).standard_normal(300_000) * 3).astype(dtype)   # 10 blocks
+    x = (np.random.default_rng(0).standard_normal(300_000) * 3).astype(dtype)   # 10 or 5 blocks
     results = []
     for threads in ("1", "2", "3"):
         monkeypatch.setenv("NUMPY_TF_NUM_THREADS", threads)
@@ -148,7 +149,7 @@ GELU_LARGE = (EdgeCase("many blocks, N(0, 1)", (4, 3, 30000)),
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gelu_kernels_are_the_reference_bit_for_bit(dtype):
     for case, seed, inputs in edge_inputs("gelu", dtype, GELU_LARGE):
-        if seed > 1 and inputs["x"].size > BLOCK:
+        if seed > 1 and inputs["x"].size > block_size(np.dtype(dtype).itemsize):
             continue                                # two draws of the large arrays suffice
         x, approximate = inputs["x"], inputs.get("approximate", "none")
         out, cache = activations.gelu_forward(x, approximate)
@@ -193,9 +194,10 @@ def test_the_float32_gelu_forward_is_within_9_ulps_of_every_element():
     near_ulps = np.abs(got.astype(np.float64) - want)[shown] / np.spacing(np.abs(want[shown]))
     assert near_ulps.max() <= GELU_NEAR_FIT_ULPS
     assert not same_bits(got, want)                 # the fit did run
+    block = block_size(x.itemsize)
     for special_value in (np.inf, -np.inf, np.nan, 38.5, -1e30):
-        mixed = x[:BLOCK + 100].copy()
-        mixed[[5, BLOCK + 7]] = special_value       # in the first block and the second
+        mixed = x[:block + 100].copy()
+        mixed[[5, block + 7]] = special_value       # in the first block and the second
         with np.errstate(invalid="ignore"):         # -inf Phi(-inf) = -inf 0 is NaN in both
             assert same_bits(gelu_kernels.gelu_forward_blocks(mixed, "none"),
                              activations.gelu_forward(mixed)[0]), special_value
@@ -263,7 +265,7 @@ def test_the_float32_gelu_forward_holds_its_bound_on_any_block(seed, scale, spec
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gelu_backward_is_the_same_for_any_thread_count(monkeypatch, dtype):
-    x = (np.random.default_rng(6).standard_normal(300_000) * 3).astype(dtype)     # 10 blocks
+    x = (np.random.default_rng(6).standard_normal(300_000) * 3).astype(dtype)     # 10 or 5 blocks
     dout = np.random.default_rng(7).standard_normal(x.shape).astype(dtype)
     out = gelu_kernels.gelu_forward_blocks(x, "none")
     results = []

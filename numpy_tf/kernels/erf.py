@@ -27,7 +27,7 @@ from ..core import special
 from ..core.special import (MEDIUM, NR_ERFC, ONE_OVER_SQRT_PI, R1_DENOMINATOR, R1_NUMERATOR,
                             R2_DENOMINATOR, R2_NUMERATOR, R3_DENOMINATOR, R3_NUMERATOR, SMALL,
                             UNDERFLOW)
-from .blocks import BLOCK, map_blocks
+from .blocks import block_size, map_blocks
 
 
 # -- the region formulas in place (special.erf_near_zero, ... in the same order) -------------
@@ -188,14 +188,14 @@ def erf_block(x: np.ndarray, complement: bool) -> np.ndarray:
 def _blockwise(x, complement: bool) -> np.ndarray:
     x = special.as_float_array(x)
     flat = np.ascontiguousarray(x).reshape(-1)
-    if flat.size <= BLOCK:
+    if flat.size <= block_size(flat.itemsize):
         return erf_block(flat, complement).reshape(x.shape)
     out = np.empty_like(flat)
 
     def evaluate(block: slice) -> None:
         out[block] = erf_block(flat[block], complement)
 
-    map_blocks(evaluate, flat.size)
+    map_blocks(evaluate, flat.size, flat.itemsize)
     return out.reshape(x.shape)
 
 
