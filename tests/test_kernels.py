@@ -573,6 +573,35 @@ def test_embedding_backward_into_a_gradient_already_holding_a_sum(dtype):
         assert ulps_of_largest(grad, want) <= EMBEDDING_ULPS, case
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_backward_by_occurrence_levels_adds_as_np_add_at_does(dtype):
+    """Batches large enough for the occurrence levels (and a skewed one that is not): into a
+    zero gradient the reference's bits, into one holding a sum np.add.at's (each row's
+    gradients added one by one, in position order)."""
+    rng = np.random.default_rng(5)
+    skewed = rng.integers(0, 40, (8, 128))
+    skewed[:, ::3] = 7                                       # id 7 fills a third: np.add.at
+    for name, ids, padding_idx, levels in (
+            ("uniform", rng.integers(0, 256, (16, 64)), None, True),
+            ("few ids, with padding", rng.integers(0, 12, (4, 300)), 3, True),
+            ("skewed", skewed, None, False)):
+        weight = rng.standard_normal((256, 48)).astype(dtype)
+        out, cache = embedding.embedding_forward(ids, weight, padding_idx)
+        dout = upstream(out, 1)
+        assert dout.size >= embedding_kernels.LEVELS_MIN_SIZE
+        kept = ids.reshape(-1) != padding_idx
+        assert (embedding_kernels._occurrence_levels(ids.reshape(-1)[kept]) is not None) \
+            == levels, name
+        grad = np.zeros_like(weight)
+        embedding_kernels.embedding_backward_into(grad, dout, cache.ids, cache.padding_idx)
+        assert same_bits(grad, embedding.embedding_backward(dout, cache)), name
+        held = rng.standard_normal(weight.shape).astype(dtype)
+        grad, want = held.copy(), held.copy()
+        embedding_kernels.embedding_backward_into(grad, dout, cache.ids, cache.padding_idx)
+        np.add.at(want, ids.reshape(-1)[kept], dout.reshape(-1, 48)[kept])
+        assert same_bits(grad, want), name
+
+
 def test_embedding_class_pairs_each_cache_with_its_backward():
     layer = Embedding(6, 3, padding_idx=1)
     ids = np.array([[1, 2, 2, 5]])
