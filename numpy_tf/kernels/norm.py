@@ -4,11 +4,11 @@ whose docstrings are the derivations), up to the order of each row's sums.
 
 Faster because every mean over a row of a product (the variance, the mean square,
 mean(g * x_hat)) and every sum over the positions of a product (dweight) is one pass of einsum,
-which forms no (..., C) temporary for the product; plain means are a product with a vector of
-ones divided by C (BLAS adds a row faster than np.add.reduce does); x - mean is normalised in
-place. The classes call these after checking their input once. einsum and the
-BLAS add a row in another order than NumPy's pairwise sum, so the statistics may differ from
-the reference's in their last bits (the measured bound is stated in tests/test_kernels.py).
+which forms no (..., C) temporary for the product; plain means are np.add.reduce divided by C,
+without ndarray.mean's Python-level wrapper (it counts at the tiny sizes); x - mean is
+normalised in place. The classes call these after checking their input once. einsum adds a
+row in another order than NumPy's pairwise sum, so the statistics may differ from the
+reference's in their last bits (the measured bound is stated in tests/test_kernels.py).
 
 NormOutput is a norm's output kept as the arrays that make it, for a Linear fed that output
 (kernels.linear.fed_by_norm): the Linear needs its input only for dW in its backward, and the
@@ -18,24 +18,14 @@ forwards call too), so the rebuilt array is the forward's output bit for bit.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import numpy as np
 
 
 def _row_mean(a: np.ndarray) -> np.ndarray:
-    """mean over the last axis, (..., C) -> (..., 1): the row sums as a product with a vector
-    of ones (one BLAS pass, 4x as fast as np.add.reduce along the rows: 8.8 against 38 us on
-    the small GPT's (16, 64, 128) float32)."""
-    return (a @ _ones(a.shape[-1], a.dtype))[..., None] / a.shape[-1]
-
-
-@functools.lru_cache(maxsize=64)
-def _ones(width: int, dtype: np.dtype) -> np.ndarray:
-    ones = np.ones(width, dtype)
-    ones.flags.writeable = False
-    return ones
+    """mean over the last axis, (..., C) -> (..., 1)."""
+    return np.add.reduce(a, axis=-1, keepdims=True) / a.shape[-1]
 
 
 def _row_mean_of_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
