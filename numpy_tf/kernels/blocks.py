@@ -8,10 +8,12 @@ Measured on the exact GELU's forward and backward of the benchmarks' small GPT (
 elements, 1 thread, best of 7): float32 2.39 ms in blocks of 32,768 elements, 1.84 in blocks of
 65,536, 2.01 in 131,072; float64 6.26 in 32,768, 6.49 in 65,536. Each block's calls are calls
 made holding the GIL, so fewer blocks also means less waiting when the parts of a BatchSplit
-step run on two threads. The threads are NUMPY_TF_NUM_THREADS, 1 when unset,
-the faster on the machines measured (numpy_tf.core.threads says why and by how much): a
-block's passes are short, and Python threads spend the time handing the GIL to each other
-while OpenBLAS's workers spin on the other cores after each product.
+step run on two threads.
+
+The threads are NUMPY_TF_NUM_THREADS, 1 when unset, the faster on the machines measured
+(numpy_tf.core.threads says why and by how much): a block's passes are short, and Python
+threads spend the time handing the GIL to each other while OpenBLAS's workers spin on the other
+cores after each product.
 """
 from __future__ import annotations
 

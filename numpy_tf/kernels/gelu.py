@@ -87,10 +87,10 @@ def _mostly_far(a: np.ndarray) -> bool:
     """Whether more than 1/4 of a block with a = |x| (judged on every 16th element) lies
     beyond the reference's near-zero region: the one formula then runs, else the near fit
     (and the reference's operations for the elements beyond). Measured per element on blocks
-    of 32,768 elements (noisy machine, best of three, two runs): at a 14 % share beyond, the near fit
-    3.8-4.0 ns and the one formula 5.3-5.5; at 19 % 4.6-4.7 and 5.8-5.9; at 23 % 4.5-4.8 and
-    5.2; at 27 % 5.3 and 5.2-6.0; at 31 % 5.4-6.1 and 5.6-6.4; at 35 % 8.7 and 7.3. Below
-    the cut the fit is also the more accurate (3 ulps of the reference against 9)."""
+    of 32,768 elements (noisy machine, best of three, two runs): at a 14 % share beyond, the
+    near fit 3.8-4.0 ns and the one formula 5.3-5.5; at 19 % 4.6-4.7 and 5.8-5.9; at 23 %
+    4.5-4.8 and 5.2; at 27 % 5.3 and 5.2-6.0; at 31 % 5.4-6.1 and 5.6-6.4; at 35 % 8.7 and
+    7.3. Below the cut the fit is also the more accurate (3 ulps of the reference against 9)."""
     sample = a[::16]
     return 4 * np.count_nonzero(sample > _NEAR_ZERO) > sample.size
 
