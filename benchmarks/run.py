@@ -1,9 +1,9 @@
 """numpy_tf against torch CPU eager: `python -m benchmarks` (see docs/benchmarks.md).
 
-For each thread count, worker processes (benchmarks/worker.py) time one library each, with the
-thread variables set in their environment before NumPy loads, alternating numpy_tf, torch,
-numpy_tf, torch, ... for --rounds rounds, so that load from other processes falls on both; the
-medians pool every round's runs. One library per process because the two disturb each other in
+For each thread count, worker processes (benchmarks/worker.py) time one library and one size
+each, with the thread variables set in their environment before NumPy loads, alternating
+numpy_tf, torch, numpy_tf, torch, ... size by size for --rounds rounds, so that load from other
+processes falls on both; the medians pool every round's runs. One library per process because the two disturb each other in
 a shared one (OpenBLAS's threads keep spinning after a product). A last process measures memory
 (with glibc returning freed buffers to the OS at once, so that the resident set follows what is
 live). The results go to benchmarks/results/latest.json and latest.md, and, with --docs, into
@@ -44,20 +44,26 @@ def run_worker(task: str, threads: int, options: list[str], extra_env: dict | No
     return json.loads(completed.stdout)
 
 
-def timing_rounds(threads: int, rounds: int, options: list[str], extra: list[str],
-                  extra_env: dict | None = None) -> dict:
+def timing_rounds(threads: int, rounds: int, sizes: list[str], options: list[str],
+                  extra: list[str], extra_env: dict | None = None) -> dict:
     """Time numpy_tf and torch in alternating processes and pool their runs: the "timing"
     record of one thread count (medians, minima, ratios; both GEMM peaks; decoding and the
-    gradient checks from the first numpy_tf process)."""
+    gradient checks from the first numpy_tf process). A round runs, size by size, a numpy_tf
+    process and then a torch process timing that size, so that the two libraries' runs of a
+    size are at most a minute or so apart: this machine's speed was seen to drift by up to 2x
+    within an hour, and a round of whole processes (every size, ~3 minutes each) let a slow
+    spell fall on one library's every size."""
     date, load = datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), load_average()
     pooled: dict[str, list[dict]] = {"numpy_tf": [], "torch": []}
     for index in range(rounds):
-        for library in pooled:
-            more = extra if (library == "numpy_tf" and index == 0) else []
-            pooled[library].append(run_worker("timing", threads,
-                                              options + ["--library", library] + more,
-                                              extra_env))
+        for size in sizes:
+            for library in pooled:
+                more = extra if (library == "numpy_tf" and index == 0 and size == sizes[0]) \
+                    else []
+                pooled[library].append(run_worker(
+                    "timing", threads, ["--sizes", size, *options, "--library", library, *more],
+                    extra_env))
     first, theirs = pooled["numpy_tf"][0], pooled["torch"][0]
     timing = {"environment": dict(first["environment"], torch=theirs["environment"]["torch"],
                                   torch_threads=theirs["environment"]["torch_threads"]),
@@ -71,9 +77,15 @@ def timing_rounds(threads: int, rounds: int, options: list[str], extra: list[str
     for key in ("decoding", "gradcheck"):
         if key in first:
             timing[key] = first[key]
-    for index, run in enumerate(first["runs"]):
-        ours = [w["runs"][index] for w in pooled["numpy_tf"]]
-        other = [w["runs"][index] for w in pooled["torch"]]
+    def runs_of(library: str, size: str, dtype: str) -> list[dict]:
+        return [run for worker in pooled[library] for run in worker["runs"]
+                if run["size"] == size and run["dtype"] == dtype]
+
+    cells = list(dict.fromkeys((run["size"], run["dtype"]) for worker in pooled["numpy_tf"]
+                               for run in worker["runs"]))
+    for size, dtype in cells:
+        ours, other = runs_of("numpy_tf", size, dtype), runs_of("torch", size, dtype)
+        run = ours[0]
         loss, loss_torch = run["loss"], other[0]["loss"]
         if abs(loss - loss_torch) > LOSS_RTOL[run["dtype"]] * abs(loss_torch):
             raise AssertionError(f"{run['size']} {run['dtype']}: losses differ: numpy_tf "
@@ -120,8 +132,9 @@ def markdown(results: dict) -> str:
              "".join(f"; timed with {name}={value}" for name, value in
                      results.get("extra_environment", {}).items()) + ".", ""]
     rounds = results["timing"][0].get("rounds", 1)
-    lines += [f"Times are medians (ms) of {rounds} alternating rounds, each a numpy_tf process "
-              "and then a torch process timing its own runs after warm-up (one library per "
+    lines += [f"Times are medians (ms) of {rounds} alternating rounds, each, size by size, a "
+              "numpy_tf process and then a torch process timing its own runs after warm-up "
+              "(one library per "
               "process: OpenBLAS's threads keep spinning for ~0.1 s after a product and took a "
               "core from torch when the two alternated in one process); ratio = numpy_tf / torch (below 1: numpy_tf is faster); the ratio of "
               "the fastest runs is shown too, as a check against load from other processes "
@@ -247,7 +260,8 @@ def main(argv=None) -> None:
         if not equals or not name:
             parser.error(f"--env takes NAME=VALUE; got {setting!r}")
         extra_env[name] = value
-    options = ["--sizes", args.sizes, "--dtypes", args.dtypes]
+    sizes = [size for size in args.sizes.split(",") if size]
+    options = ["--dtypes", args.dtypes]
     if args.repeats:
         options += ["--repeats", str(args.repeats)]
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -259,9 +273,10 @@ def main(argv=None) -> None:
         if last and not args.no_gradcheck:
             extra.append("--gradcheck")
         print(f"timing at {count} thread(s) ...", file=sys.stderr)
-        results["timing"].append(timing_rounds(count, args.rounds, options, extra, extra_env))
+        results["timing"].append(timing_rounds(count, args.rounds, sizes, options, extra,
+                                               extra_env))
         if not args.no_memory:
-            memory = run_worker("memory", count, options)
+            memory = run_worker("memory", count, ["--sizes", args.sizes, *options])
             results["memory"] += [dict(run, threads=count) for run in memory["runs"]]
     results["load_after"] = load_average()
     previous = args.out / "latest.json"
