@@ -57,8 +57,8 @@ to x = -0.66, where the slope 0.043 is 0.5 less 0.457 and the reference is itsel
 the exact value; the fit is 14.7), within 2 of the largest in a block; on each side of zero no
 farther from the exact slope than the reference (tests/test_kernels.py). Below 1e-30 the
 reference's y / x is far off (x = 1e-44: 0.571 for 0.5) and the fit exact. On the benchmark
-model's GELU inputs (small GPT, 16 x 64 x 512, 1 thread, AVX2) the backward took 1.14 ms
-instead of 1.44.
+model's GELU inputs (small GPT, 16 x 64 x 512, 1 thread, AVX2) the backward took 1.14-1.17
+ms instead of 1.44.
 """
 from __future__ import annotations
 
@@ -101,16 +101,17 @@ def _gelu_one_formula_float32(x: np.ndarray, a: np.ndarray, out: np.ndarray) -> 
         np.copysign(out, x, out=out)
 
 
-def _mostly_far(a: np.ndarray) -> bool:
+def _mostly_far(a: np.ndarray, limit: float = _NEAR_ZERO) -> bool:
     """Whether more than 1/4 of a block with a = |x| (judged on every 16th element) lies
-    beyond the reference's near-zero region: the one formula then runs, else the near fit
-    (and the reference's operations for the elements beyond). Measured per element on blocks
+    beyond the reference's near-zero region (a > limit; the backward passes x^2 and its
+    fit's limit on x^2): the one formula then runs, else the near fit (and the reference's
+    operations for the elements beyond). Measured per element on blocks
     of 32,768 elements (noisy machine, best of three, two runs): at a 14 % share beyond, the
     near fit 3.8-4.0 ns and the one formula 5.3-5.5; at 19 % 4.6-4.7 and 5.8-5.9; at 23 %
     4.5-4.8 and 5.2; at 27 % 5.3 and 5.2-6.0; at 31 % 5.4-6.1 and 5.6-6.4; at 35 % 8.7 and
     7.3. Below the cut the fit is also the more accurate (3 ulps of the reference against 9)."""
     sample = a[::16]
-    return 4 * np.count_nonzero(sample > _NEAR_ZERO) > sample.size
+    return 4 * np.count_nonzero(sample > limit) > sample.size
 
 
 # Phi(x) = 1/2 + x Q(x^2) on |x| <= _NEAR_ZERO: Q of degree 4, fitted to (Phi(x) - 1/2) / x
@@ -243,10 +244,8 @@ def gelu_backward_blocks(dout: np.ndarray, x: np.ndarray, out: np.ndarray,
         if approximate == "none":
             if fits and block.stop - block.start >= 4096:
                 square = x * x
-                largest = square.max()
-                sample = square[::16]
-                if np.isfinite(largest) and 4 * np.count_nonzero(
-                        sample >= _SLOPE_FIT_SQUARE_LIMIT) <= sample.size:
+                if np.isfinite(square.max()) and \
+                        not _mostly_far(square, _SLOPE_FIT_SQUARE_LIMIT):
                     slope = _slope_near_float32(x, square, into)
                     where = np.flatnonzero(square >= _SLOPE_FIT_SQUARE_LIMIT) + block.start
                     beyond.append((where, dout_flat[where]))    # before dx overwrites it
