@@ -162,19 +162,34 @@ class Module:
 
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
         """(name, module) for this module ("" or `prefix`) and every module below it."""
-        yield prefix, self
-        for name, value in self._own():
-            if isinstance(value, Module):
-                yield from value.named_modules(f"{prefix}.{name}" if prefix else name)
+        found: list[tuple[str, Module]] = []
+        self._collect_modules(prefix, found)
+        return iter(found)
 
-    def _named_parameters_all(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
-        held = list(self._own())
-        own = [(n, v) for n, v in held if isinstance(v, Parameter)]
-        children = [(n, v) for n, v in held if isinstance(v, Module)]
-        for name, parameter in own:
-            yield (f"{prefix}.{name}" if prefix else name), parameter
+    def _collect_modules(self, prefix: str, found: list) -> None:
+        found.append((prefix, self))
+        for name, value in vars(self).items():
+            if isinstance(value, Module):
+                value._collect_modules(f"{prefix}.{name}" if prefix else name, found)
+
+    def _named_parameters_all(self) -> list[tuple[str, Parameter]]:
+        """(name, Parameter) for every name a Parameter is reached by: a module's own
+        Parameters first, then each child's, in the order they were set."""
+        found: list[tuple[str, Parameter]] = []
+        self._collect_parameters("", found)
+        return found
+
+    def _collect_parameters(self, prefix: str, found: list) -> None:
+        # a list filled by plain recursion: nested generators cost a resumption per level for
+        # every Parameter, which the fast gradient check of a small model paid several times
+        children = []
+        for name, value in vars(self).items():
+            if isinstance(value, Parameter):
+                found.append((f"{prefix}.{name}" if prefix else name, value))
+            elif isinstance(value, Module):
+                children.append((f"{prefix}.{name}" if prefix else name, value))
         for name, child in children:
-            yield from child._named_parameters_all(f"{prefix}.{name}" if prefix else name)
+            child._collect_parameters(name, found)
 
     def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
         """Each Parameter object once; a tied Parameter under the first name it is reached by."""
