@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -281,6 +282,83 @@ def test_dout_of_another_dtype_is_refused(name, tier, b, t, c, dtype, given_dtyp
     dout = np.ones(shape, dtype=other)
     _assert_refused(run, dout, cache, TypeError, f"{run.dout_name} must", str(dtype),
                     str(np.dtype(other)))
+
+
+# -- ndarray subclasses whose operations mean something else -------------------------------------
+def _masked_normal(rng, shape, dtype):
+    values = rng.standard_normal(shape).astype(dtype)
+    return np.ma.array(values, mask=values > 1.0)
+
+
+@pytest.mark.parametrize("name, tier", [case for case in CASES if case[0] != "Embedding"])
+def test_a_masked_array_input_is_refused(name, tier, monkeypatch):
+    """Every float input (and, for the functions, every weight) a masked array: refused by a
+    TypeError that names a masked array, never run (numpy_tf reads no mask: some operations
+    would drop it and others carry it), nor a broadcasting error from inside NumPy. (The
+    Embedding layer's only input is ids: the next test.)"""
+    monkeypatch.setattr(sys.modules[__name__], "_normal", _masked_normal)
+    with pytest.raises(TypeError, match="not a masked array"):
+        _run(name, tier, np.float64, 2, 3, 2)
+
+
+@pytest.mark.parametrize("tier", ["kernels", "reference"])
+def test_masked_ids_are_refused(tier):
+    ids = np.ma.array([[0, 1], [2, 0]], mask=[[False, True], [False, False]])
+    context = reference_path() if tier == "reference" else contextlib.nullcontext()
+    with context:
+        for embed in (lambda: Embedding(3, 2, rng=1).forward(ids),
+                      lambda: embedding_forward(ids, np.ones((3, 2)))):
+            with pytest.raises(TypeError, match="ids must be a plain numpy array"):
+                embed()
+
+
+@pytest.mark.parametrize("name, tier", CASES)
+def test_a_masked_array_dout_is_refused(name, tier):
+    run, out, cache = _run(name, tier, np.float64, 2, 3, 2)
+    dout = np.ma.array(np.random.default_rng(4).standard_normal(np.shape(out)))
+    _assert_refused(run, dout, cache, TypeError, run.dout_name, "not a masked array")
+
+
+@pytest.mark.parametrize("which", ["attn_mask", "key_padding_mask"])
+@pytest.mark.parametrize("tier", ["kernels", "reference"])
+def test_a_masked_array_attention_mask_is_refused(which, tier):
+    q, k, v = _attention_inputs(np.random.default_rng(6), np.float64, 2, 3, 1)
+    shape = (3, 4) if which == "attn_mask" else (2, 4)
+    mask = np.ma.array(np.zeros(shape, bool), mask=np.eye(*shape, dtype=bool))
+    context = reference_path() if tier == "reference" else contextlib.nullcontext()
+    with context, pytest.raises(TypeError, match=f"{which} must be a plain numpy array"):
+        ScaledDotProductAttention().forward(q, k, v, **{which: mask})
+
+
+MATRIX_LAYERS = {                       # (T, C) inputs, which a numpy.matrix can be
+    "Linear": lambda x: Linear(3, 2, rng=1).forward(x),
+    "linear_forward": lambda x: linear_forward(x, np.ones((2, 3)), np.ones(2)),
+    "LayerNorm": lambda x: LayerNorm(3).forward(x),
+    "layernorm_forward": lambda x: layernorm_forward(x),
+    "RMSNorm": lambda x: RMSNorm(3, 1e-6).forward(x),
+    "GELU": lambda x: GELU().forward(x),
+    "ReLU": lambda x: ReLU().forward(x),
+    "SiLU": lambda x: SiLU().forward(x),
+    "Softmax": lambda x: Softmax().forward(x),
+    "SwiGLU": lambda x: SwiGLU(3, 4, rng=1).forward(x),
+    "cross_entropy_forward": lambda x: cross_entropy_forward(x, np.array([0, 1, 2, 0])),
+    "CrossEntropyLoss": lambda x: CrossEntropyLoss().forward(x, np.array([0, 1, 2, 0])),
+    "embedding_forward ids": lambda x: embedding_forward(np.asmatrix([[0, 1], [2, 0]]),
+                                                         np.ones((3, 2))),
+    "Embedding ids": lambda x: Embedding(3, 2, rng=1).forward(np.asmatrix([[0, 1], [2, 0]])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MATRIX_LAYERS))
+@pytest.mark.parametrize("tier", ["kernels", "reference"])
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")    # NumPy's, on np.matrix
+def test_a_numpy_matrix_input_is_refused(name, tier):
+    """np.matrix (2-D only, * a matrix product): a TypeError that names it, on both tiers,
+    never a result nor NumPy's 'shapes not aligned'."""
+    x = np.asmatrix(np.random.default_rng(5).standard_normal((4, 3)))
+    context = reference_path() if tier == "reference" else contextlib.nullcontext()
+    with context, pytest.raises(TypeError, match="not a numpy.matrix"):
+        MATRIX_LAYERS[name](x)
 
 
 # -- the cache ------------------------------------------------------------------------------------

@@ -18,11 +18,29 @@ def _describe_ndim(ndim) -> str:
     return str(ndim)
 
 
+def plain_arithmetic(name: str, x: np.ndarray) -> None:
+    """Refuse the two ndarray subclasses whose operations mean something else: numpy.matrix
+    (always 2-D, its * a matrix product: LayerNorm's x - mean would not broadcast) and numpy.ma's
+    masked arrays (a mask that numpy_tf's layers would drop in some operations and carry in
+    others). Any other subclass is merely unusual and passes."""
+    if type(x) is np.ndarray:
+        return
+    if isinstance(x, np.matrix):
+        raise TypeError(f"{name} must be a plain numpy array, not a numpy.matrix (whose * is a "
+                        f"matrix product); pass np.asarray({name})")
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain numpy array, not a masked array (numpy_tf "
+                        f"reads no mask); pass {name}.filled(value), or np.asarray({name}) "
+                        "for its data as it is")
+
+
 def float_array(name: str, x, *, ndim=None, min_ndim: int | None = None, shape: str = ""):
-    """`x` must be a float32/float64 ndarray; `ndim` an int or tuple of allowed ranks.
-    `shape` is the legend shown in the message, e.g. "(B, T, C)"."""
+    """`x` must be a float32/float64 ndarray (not a matrix or masked array: plain_arithmetic);
+    `ndim` an int or tuple of allowed ranks. `shape` is the legend shown in the message, e.g.
+    "(B, T, C)"."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy array; got {type(x).__name__}")
+    plain_arithmetic(name, x)
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float32 or float64; got dtype {x.dtype}")
     legend = f" {shape}" if shape else ""
@@ -67,6 +85,7 @@ def integer_array(name: str, ids, *, ndim=None, shape: str = "") -> np.ndarray:
     """`ids` must be an ndarray of an integer dtype (bool is not an integer here)."""
     if not isinstance(ids, np.ndarray):
         raise TypeError(f"{name} must be a numpy array of integers; got {type(ids).__name__}")
+    plain_arithmetic(name, ids)
     if not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"{name} must be integers; got dtype {ids.dtype}")
     legend = f" {shape}" if shape else ""
@@ -224,6 +243,7 @@ def mask_array(name: str, mask, shapes: dict[str, tuple], dtype,
         return
     if not isinstance(mask, np.ndarray):
         raise TypeError(f"{name} must be a numpy array; got {type(mask).__name__}")
+    plain_arithmetic(name, mask)
     if mask.dtype != bool and mask.dtype != dtype:
         raise TypeError(f"{name} must be bool (True = {meaning}) or a float mask of the input "
                         f"dtype {np.dtype(dtype)}; got dtype {mask.dtype}")
@@ -266,6 +286,7 @@ def gradient(name: str, value, shape: tuple, dtype: np.dtype, layer: str = "the 
     if not isinstance(value, np.ndarray):
         raise TypeError(f"{name} must be a numpy array of the shape {shape} and dtype "
                         f"{np.dtype(dtype)} of {output}; got {type(value).__name__}")
+    plain_arithmetic(name, value)
     if value.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be a real float array of the dtype of {output} "
                         f"{np.dtype(dtype)}; got dtype {value.dtype}")
@@ -353,6 +374,7 @@ def kv_cache(name: str, pair, *, batch: int, heads: int, head_dim: int, dtype,
         if not isinstance(array, np.ndarray) or array.ndim != 4:
             raise ValueError(f"{name} must be (k, v), each of shape ({legend}); got {part} "
                              f"{type(array).__name__} of shape {np.shape(array)}")
+        plain_arithmetic(f"{name}.{part}", array)
         past = length if length is not None else array.shape[2]
         expected = (batch, heads, past, head_dim)
         if array.shape != expected:

@@ -112,6 +112,7 @@ def _check_mask(name: str, mask, shape: tuple, dtype: np.dtype) -> np.ndarray:
     (its first axis is the batch, not, as NumPy's broadcasting would read it, the heads)."""
     if not isinstance(mask, np.ndarray):
         raise TypeError(f"{name} must be a numpy array; got {type(mask).__name__}")
+    validate.plain_arithmetic(name, mask)
     if mask.dtype != bool and mask.dtype != dtype:
         raise TypeError(f"{name} must be bool (True = blocked) or a float mask of the query "
                         f"dtype {dtype}; got dtype {mask.dtype}")
@@ -138,6 +139,7 @@ def attention_masks(shape: tuple, dtype: np.dtype, attn_mask=None, key_padding_m
         if not isinstance(key_padding_mask, np.ndarray):
             raise TypeError("key_padding_mask must be a numpy array; got "
                             f"{type(key_padding_mask).__name__}")
+        validate.plain_arithmetic("key_padding_mask", key_padding_mask)
         if key_padding_mask.shape != (batch, tk):
             raise ValueError(f"key_padding_mask must have shape (B, Tk) = ({batch}, {tk}); got "
                              f"{key_padding_mask.shape}")
