@@ -125,3 +125,61 @@ def test_bad_input():
                       key_padding_mask=np.zeros((3, 1), dtype=bool))
     with pytest.raises(ValueError, match=r"ids must have 2 dimensions \(B, T\)"):
         model.forward(np.zeros(3, dtype=np.int64))
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    (([[1, 2], [3, 4]],), TypeError, "ids must be a numpy array of integers; got list"),
+    ((np.arange(3),), ValueError, r"ids must have 2 dimensions \(B, T\); got shape \(3,\)"),
+    ((np.ones((2, 3)),), TypeError, "ids must be integers; got dtype float64"),
+    ((np.ones((2, 3), int), np.zeros((2, 2), bool)), ValueError,
+     r"key_padding_mask must have shape \(B, S\) = \(2, S\), S >= T = 3 .*got \(2, 2\)"),
+    ((np.ones((2, 3), int), np.zeros((3, 3), bool)), ValueError, "got \\(3, 3\\)"),
+    ((np.ones((2, 3), int), np.zeros((2, 3))), TypeError,
+     "key_padding_mask must be bool .*got dtype float64"),
+    ((np.ones((2, 3), int), [[0, 0, 0], [0, 0, 1]]), TypeError,
+     "key_padding_mask must be a numpy array; got list"),
+    ((np.ones((2, 3), int), np.ma.array(np.zeros((2, 3), bool))), TypeError,
+     "key_padding_mask must be a plain numpy array, not a masked array"),
+    ((np.ones((2, 3), int), None, 1.5), TypeError, "ignore_index must be an integer; got 1.5"),
+])
+def test_shifted_targets_refuses_what_it_cannot_read(arguments, error, message):
+    """Before, these were an AttributeError, an IndexError, NumPy's 'bitwise_or not
+    supported', float ids taken as they were and an ignore_index of 1.5 cast to 1."""
+    from numpy_tf import shifted_targets
+
+    with pytest.raises(error, match=message):
+        shifted_targets(*arguments)
+
+
+def test_next_token_loss_refuses_a_float_padding_mask_before_the_model_runs():
+    """The model adds a float key_padding_mask to its scores; the loss must know which targets
+    to ignore, which a float mask does not say: refused by name (it was NumPy's
+    'ufunc bitwise_or not supported' after the whole forward)."""
+    model = GPT(GPTConfig.tiny(), rng=0)
+    objective = NextTokenLoss(model)
+    ran = []
+    model.forward = lambda *args, **kwargs: ran.append(1)
+    padding = np.zeros((2, 4))
+    padding[0, 3] = -np.inf
+    with pytest.raises(TypeError, match="key_padding_mask must be bool"):
+        objective.forward(SEED_IDS, key_padding_mask=padding)
+    assert not ran
+
+
+def test_next_token_loss_after_a_kv_cache_reads_the_masks_last_columns():
+    """With past_kv the model's key_padding_mask is (B, P + T); the targets ignore what its
+    last T columns mark (it was an IndexError). The loss is the cross-entropy of the chunk's
+    logits against ids[:, t + 1], the chunk's last position and the padded ones left out."""
+    from numpy_tf import cross_entropy
+
+    model = GPT(GPTConfig.tiny(), rng=0)
+    past, chunk = SEED_IDS[:, :2], np.array([[2, 9, 4], [6, 6, 1]])
+    _, cache = model.forward(past)
+    padding = np.zeros((2, 5), dtype=bool)
+    padding[1, 4] = True                                    # the second row's last token
+    loss, _ = NextTokenLoss(model).forward(chunk, key_padding_mask=padding,
+                                           past_kv=cache.present)
+    logits, _ = model.forward(chunk, key_padding_mask=padding, past_kv=cache.present)
+    targets = np.array([[9, 4, -100], [6, -100, -100]])     # row 1: 6 -> 6 kept, 6 -> pad not
+    want, _ = cross_entropy(logits, targets)
+    assert loss == want

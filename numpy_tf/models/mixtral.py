@@ -263,10 +263,11 @@ class MixtralLoss(NextTokenLoss):
 
     def forward(self, ids, key_padding_mask=None, **model_kwargs):
         c = self.model.config
+        targets = shifted_targets(ids, key_padding_mask)     # checks the mask before any work
         logits, model_cache = self.model.forward(ids, key_padding_mask=key_padding_mask,
                                                  **model_kwargs)
-        cross_entropy, ce_cache = cross_entropy_forward(
-            logits, shifted_targets(ids, key_padding_mask), label_smoothing=self.label_smoothing)
+        cross_entropy, ce_cache = cross_entropy_forward(logits, targets,
+                                                        label_smoothing=self.label_smoothing)
         with_aux = c.output_router_logits if self.output_router_logits is None \
             else self.output_router_logits
         if not with_aux:

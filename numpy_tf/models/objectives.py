@@ -26,7 +26,30 @@ from ..layers.cross_entropy_loss import (CrossEntropyCache, cross_entropy_backwa
 
 def shifted_targets(ids: np.ndarray, key_padding_mask=None, ignore_index: int = -100):
     """(B, T) int64 targets aligned with the logits of every position: ids[:, t + 1], and
-    ignore_index at the last position, at padded positions and before padded tokens."""
+    ignore_index at the last position, at padded positions and before padded tokens.
+
+    key_padding_mask: None, or a bool (B, S) array, True at padding, S >= T: its last T
+    columns are the ids' (with a past_kv the model's mask also covers the P cached positions
+    before them, S = P + T). A float mask, which the model adds to the scores, names no
+    padding and is refused."""
+    validate.integer_array("ids", ids, ndim=2, shape="(B, T)")
+    ignore_index = validate.integer("ignore_index", ignore_index)
+    batch, length = ids.shape
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, np.ndarray):
+            raise TypeError("key_padding_mask must be a numpy array; got "
+                            f"{type(key_padding_mask).__name__}")
+        validate.plain_arithmetic("key_padding_mask", key_padding_mask)
+        if key_padding_mask.dtype != bool:
+            raise TypeError("key_padding_mask must be bool (True = padding) to say which "
+                            f"targets the loss ignores; got dtype {key_padding_mask.dtype} (a "
+                            "float mask, added to the scores, names no padding)")
+        if key_padding_mask.ndim != 2 or key_padding_mask.shape[0] != batch or \
+                key_padding_mask.shape[1] < length:
+            raise ValueError(f"key_padding_mask must have shape (B, S) = ({batch}, S), S >= T "
+                             f"= {length} (its last T columns the ids'); got "
+                             f"{key_padding_mask.shape}")
+        key_padding_mask = key_padding_mask[:, key_padding_mask.shape[1] - length:]
     targets = np.full(ids.shape, ignore_index, dtype=np.int64)
     targets[:, :-1] = ids[:, 1:]
     if key_padding_mask is not None:
@@ -97,9 +120,10 @@ class NextTokenLoss(_ModelLoss):
     causal language model; backward(dloss, cache) runs the model's backward."""
 
     def forward(self, ids, key_padding_mask=None, **model_kwargs):
+        targets = shifted_targets(ids, key_padding_mask)     # checks the mask before any work
         logits, model_cache = self.model.forward(ids, key_padding_mask=key_padding_mask,
                                                  **model_kwargs)
-        return self._loss(logits, model_cache, shifted_targets(ids, key_padding_mask))
+        return self._loss(logits, model_cache, targets)
 
 
 class TargetLoss(_ModelLoss):
