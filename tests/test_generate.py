@@ -103,6 +103,23 @@ def test_bad_settings():
                     slide=True).shape == (1, 19)
 
 
+def test_a_model_that_is_none_and_a_prompt_out_of_the_vocabulary_are_refused_by_name():
+    """They were an AttributeError ('NoneType' object has no attribute 'forward') and the
+    model's 'ids must be integers in ...', which names an argument generate was not given."""
+    from numpy_tf import generate_seq2seq
+
+    prompt = np.zeros((1, 2), dtype=np.int64)
+    with pytest.raises(TypeError, match="model must be a numpy_tf model .*got NoneType"):
+        generate(None, prompt, 2, temperature=0)
+    model = _model()
+    vocab = model.config.vocab_size
+    with pytest.raises(ValueError, match=rf"prompt must be integers in \[0, {vocab}\); got "
+                                         rf"{vocab} at position \(0, 1\)"):
+        generate(model, np.array([[0, vocab]]), 2, temperature=0)
+    with pytest.raises(TypeError, match="model must be an encoder-decoder .*got GPT"):
+        generate_seq2seq(model, prompt, 2, 1)
+
+
 def test_llama_cached_generation_equals_recompute():
     from numpy_tf import Llama, LlamaConfig
     model = Llama(LlamaConfig(vocab_size=30, hidden_size=16, intermediate_size=24,

@@ -40,11 +40,16 @@ def generate(model: Module, prompt: np.ndarray, max_new_tokens: int, *,
     A model with learned positions sees at most max_context tokens: a longer request is an
     error, unless `slide`, which, once the context is full, recomputes each step over the
     last max_context tokens (without a cache: their positions have all moved)."""
+    if not isinstance(model, Module):
+        raise TypeError(f"model must be a numpy_tf model (a Module whose forward gives logits); "
+                        f"got {type(model).__name__}")
     validate.integer_array("prompt", prompt, ndim=2, shape="(B, T)")
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab_size is not None:          # the model would name the ids it was given "ids"
+        validate.ids_in_range("prompt", prompt, vocab_size)
     max_new_tokens = validate.non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling(temperature, top_k, top_p)
-    eos_id = _check_token("eos_id", eos_id, getattr(getattr(model, "config", None),
-                                                    "vocab_size", None))
+    eos_id = _check_token("eos_id", eos_id, vocab_size)
     validate.flag("use_cache", use_cache)
     validate.flag("slide", slide)
     if temperature > 0:
@@ -93,6 +98,9 @@ def generate_seq2seq(model: Module, src: np.ndarray, max_new_tokens: int, bos_id
     `src` is what the model's encoder reads: (B, S) ids, or (B, S, F) feature vectors for a
     Seq2Seq with src_features. Returns (B, 1 + n) ids starting with bos_id (greedy by
     default)."""
+    if not isinstance(model, Module) or not callable(getattr(model, "check_source", None)):
+        raise TypeError("model must be an encoder-decoder (numpy_tf.Seq2Seq); got "
+                        f"{type(model).__name__}")
     model.check_source(src)
     max_new_tokens = validate.non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling(temperature, top_k, top_p)
