@@ -182,6 +182,20 @@ def test_a_duplicate_member_and_a_folder_and_a_missing_file(tmp_path):
             load(tmp_path / "absent.npz")
 
 
+def test_a_path_that_is_no_path_or_a_folder_to_save_into_is_refused_by_name(tmp_path):
+    """A None or an int was Python's 'expected str, bytes or os.PathLike object'; saving onto a
+    folder wrote the whole file and then failed on the rename with the OS's message."""
+    model = GPT(GPTConfig.tiny(), rng=0)
+    for load in (load_checkpoint, read_history, load_npz):
+        with pytest.raises(TypeError, match="path must be a file path .*got int"):
+            load(3)
+    with pytest.raises(TypeError, match="path must be a file path .*got NoneType"):
+        save_checkpoint(None, model)
+    with pytest.raises(IsADirectoryError, match="is a folder; an .npz is written to a file"):
+        save_checkpoint(tmp_path, model)
+    assert list(tmp_path.iterdir()) == []               # nothing written, nothing left
+
+
 def test_npy_files_are_read_without_numpy_guessing(tmp_path):
     path = tmp_path / "maps.npy"
     path.write_text("not an array")

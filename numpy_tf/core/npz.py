@@ -29,9 +29,21 @@ import numpy as np
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
+def file_path(path) -> Path:
+    """`path` as a Path: a str or os.PathLike, else a TypeError naming it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path (a str or os.PathLike); got "
+                        f"{type(path).__name__}")
+    return Path(path)
+
+
 def save_npz(path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write {name: array} to `path` atomically (temporary file, then rename)."""
-    path = Path(path)
+    """Write {name: array} to `path` atomically (temporary file, then rename). A folder at
+    `path` is refused before anything is written."""
+    path = file_path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"path {path} is a folder; an .npz is written to a file (give "
+                                "a file name in it)")
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in stale_temporaries(path):
         stale.unlink(missing_ok=True)
@@ -85,7 +97,7 @@ def bad_file(path, what: str, expected=None, got=None) -> FileFormatError:
 
 def require_file(path, what: str = "file") -> Path:
     """`path` as a Path, or a FileNotFoundError naming it (a folder is not a file either)."""
-    path = Path(path)
+    path = file_path(path)
     if path.is_dir():
         raise FileNotFoundError(f"{path} is a folder, not a {what}")
     if not path.is_file():

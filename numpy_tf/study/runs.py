@@ -9,11 +9,10 @@ group's gradient and update norms, step by step.
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import numpy as np
 
-from ..core.npz import bad_file
+from ..core.npz import bad_file, file_path
 from .figure import check_path, finish, new_figure
 
 GROUP_KINDS = ("grad_norm", "update_norm")
@@ -22,7 +21,7 @@ GROUP_KINDS = ("grad_norm", "update_norm")
 def read_history(path) -> dict[str, np.ndarray]:
     """{column: float array, one entry per step} from a history.csv, or from the run folder
     that holds one; an empty cell (a step without evaluation) reads as NaN."""
-    path = Path(path)
+    path = file_path(path)
     if path.is_dir():
         path = path / "history.csv"
     if not path.is_file():

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..core import validate
 from ..core.module import Module
-from ..core.npz import FileFormatError, bad_file, from_json_array, json_array, load_npz, save_npz
+from ..core.npz import (FileFormatError, bad_file, file_path, from_json_array, json_array,
+                         load_npz, save_npz)
 from ..models import registry
 from ..optim.optimizer import Optimizer
 
@@ -141,7 +142,7 @@ def load_checkpoint(path) -> Checkpoint:
     (not an .npz, no or broken meta, a model spec that does not build, missing, unexpected or
     mismatched parameters, a NaN or infinite weight) is a FileFormatError naming the file and
     what is wrong; a missing file is a FileNotFoundError."""
-    path = Path(path)
+    path = file_path(path)
     arrays = load_npz(path)
     if "meta" not in arrays:
         raise bad_file(path, "the file is not a numpy_tf checkpoint: it has no 'meta' entry",
