@@ -65,6 +65,19 @@ def test_load_state_dict_names_every_problem_at_once():
     assert "blocks.0.2.bias: expected dtype float64, got float32" in message
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")    # NumPy's, on np.matrix
+def test_load_state_dict_refuses_a_masked_array_or_matrix():
+    """Their data was copied in silently, the mask dropped (validate.plain_arithmetic)."""
+    model = Tied()
+    state = dict(model.state_dict())
+    state["blocks.0.0.bias"] = np.ma.array(state["blocks.0.0.bias"], mask=True)
+    state["blocks.0.2.weight"] = np.asmatrix(state["blocks.0.2.weight"])
+    with pytest.raises(ValueError) as error:
+        model.load_state_dict(state)
+    assert "blocks.0.0.bias: expected a plain numpy array, not a MaskedArray" in str(error.value)
+    assert "blocks.0.2.weight: expected a plain numpy array, not a matrix" in str(error.value)
+
+
 def test_failed_load_changes_nothing():
     model = Tied()
     before = {k: v.copy() for k, v in model.state_dict().items()}

@@ -248,6 +248,9 @@ class Module:
             value = state[name]
             if not isinstance(value, np.ndarray):
                 mismatched.append(f"{name}: expected a numpy array, got {type(value).__name__}")
+            elif isinstance(value, (np.matrix, np.ma.MaskedArray)):    # validate.plain_arithmetic
+                mismatched.append(f"{name}: expected a plain numpy array, not a "
+                                  f"{type(value).__name__}")
             elif value.shape != parameter.shape:
                 mismatched.append(f"{name}: expected shape {parameter.shape}, got {value.shape}")
             elif value.dtype != parameter.dtype:
