@@ -4,8 +4,8 @@ import importlib
 import numpy as np
 import pytest
 
-from numpy_tf import (Linear, Module, gelu_backward, gelu_forward, gradcheck, gradcheck_module,
-                      linear_backward, linear_forward)
+from numpy_tf import (GELU, Linear, Module, gelu_backward, gelu_forward, gradcheck,
+                      gradcheck_module, linear_backward, linear_forward)
 
 
 def _tanh_gelu_with_the_exact_backward(x):
@@ -146,9 +146,9 @@ def _numbers(monkeypatch, objective, *inputs, by_copies=True, **kwargs):
     numbers, singles = {}, []
     report_of, one_at_a_time = tool._full_report, tool._one_at_a_time
 
-    def full_report(title, numericals, analytic, skip):
+    def full_report(title, numericals, analytic, skip, *step):
         numbers.update(numericals)
-        return report_of(title, numericals, analytic, skip)
+        return report_of(title, numericals, analytic, skip, *step)
 
     def single(objective, array, mask, step):
         singles.append(array.shape)
@@ -380,3 +380,66 @@ def test_one_buffer_moves_the_tensors_only_if_they_are_the_views_laid_in_order()
     copies = [a.copy(), b.copy()]                                   # no one buffer under them
     assert fd._laid_buffer(copies, copies) is None
     assert fd._laid_buffer([], []) is None
+
+
+# -- a check that would compare nothing, or cannot run, is refused by name ----------------------
+def _double(x):
+    return 2.0 * x, None
+
+
+def _double_backward(dout, cache):
+    return (2.0 * dout,)
+
+
+_X = np.random.default_rng(12).standard_normal((2, 3))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    # no direction: nothing compared, and the report said "all passed"
+    (lambda: gradcheck(_double, _double_backward, [_X], fast=True, directions=0), ValueError,
+     "directions must be a positive integer; got 0"),
+    (lambda: gradcheck(_double, _double_backward, [_X], fast=True, directions=-2), ValueError,
+     "directions must be a positive integer"),
+    (lambda: gradcheck_module(Linear(3, 2, rng=0), _X, fast=True, directions=0), ValueError,
+     "directions must be a positive integer"),
+    (lambda: gradcheck(_double, _double_backward, [_X], step=0.0), ValueError,   # 0 division
+     r"step must be a number in \(0, inf\); got 0.0"),
+    (lambda: gradcheck(_double, _double_backward, [_X], step=float("nan")), ValueError,
+     "step must be a number"),
+    (lambda: gradcheck(_double, _double_backward, [_X], seed="a"), ValueError,
+     "seed must be a non-negative integer"),
+    (lambda: gradcheck(_double, _double_backward, [_X], fast=1), TypeError,
+     "fast must be True or False"),
+    (lambda: gradcheck(_double, _double_backward, [np.ones((2, 3), int)]), ValueError,
+     "nothing to check: no float array among the inputs"),
+    (lambda: gradcheck(_double, _double_backward, [_X], wrt=[]), ValueError,
+     "nothing to check"),
+    (lambda: gradcheck(lambda x: 2.0 * x, _double_backward, [_X]), TypeError,
+     r"forward must return a pair \(out, cache\); got a ndarray"),
+    (lambda: gradcheck(lambda x: ("out", None), _double_backward, [_X]), TypeError,
+     "out a float array or number; got out of a str"),
+    (lambda: gradcheck(lambda x: (np.ones(3, int), None), _double_backward, [_X]), TypeError,
+     r"got out of a ndarray \(dtype int64\)"),
+    (lambda: gradcheck(_double, lambda dout, cache: 3.0, [_X]), TypeError,
+     "backward must return the inputs' gradients.*got a float"),
+    (lambda: gradcheck_module(lambda x: x, _X), TypeError,
+     "module must be a numpy_tf Module; got a function"),
+    (lambda: gradcheck_module(GELU(), _X, wrt_inputs=False), ValueError,
+     "nothing to check: GELU has no Parameter"),
+    (lambda: gradcheck_module(Linear(3, 2, rng=0), _X, wrt_inputs=False, parameters=False),
+     ValueError, "nothing to check: Linear"),
+])
+def test_a_check_that_would_compare_nothing_or_cannot_run_is_refused(call, error, message):
+    """Each was a report of no rows that said 'all passed', a ZeroDivisionError, a SeedSequence
+    or 'max() arg is an empty sequence' message, a report of inf errors, or an
+    AttributeError."""
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_the_report_states_the_step_it_was_asked_for():
+    full = gradcheck(_double, _double_backward, [_X], step=1e-5)
+    fast = gradcheck(_double, _double_backward, [_X], fast=True, step=3e-7)
+    assert "full finite differences in float64, step 1e-05;" in str(full) and full.passed
+    assert "fast finite differences in float64, step 3e-07;" in str(fast) and fast.passed
+    assert full.step == 1e-5 and fast.step == 3e-7

@@ -39,6 +39,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..core import validate
 from ..core.module import Module
 from ..core.table import format_table
 from ..core.tolerances import FD_STEP, FINITE_DIFFERENCE
@@ -68,6 +69,7 @@ class GradcheckReport:
     title: str
     mode: str                   # "full" or "fast"
     rows: list[GradcheckRow]
+    step: float = FD_STEP       # the finite-difference step asked for
 
     @property
     def passed(self) -> bool:
@@ -90,7 +92,7 @@ class GradcheckReport:
     def __str__(self) -> str:
         tol = FINITE_DIFFERENCE
         header = (f"gradcheck {self.title}: {self.mode} finite differences in float64, step "
-                  f"{FD_STEP:g}; pass if |a - n| <= {tol.rtol:g}|n| + {tol.atol:g} max(1, S), "
+                  f"{self.step:g}; pass if |a - n| <= {tol.rtol:g}|n| + {tol.atol:g} max(1, S), "
                   "S = max|n| over all tensors")
         columns = ("tensor", "shape", "max abs err", "max rel err", "worst index",
                    "norm rel err", "verdict")
@@ -166,14 +168,15 @@ def _one_at_a_time(objective: Callable[[], float], array: np.ndarray, mask: np.n
 
 
 def _full_report(title: str, numericals: Mapping[str, np.ndarray],
-                 analytic: Mapping[str, np.ndarray], skip: Mapping[str, np.ndarray]):
+                 analytic: Mapping[str, np.ndarray], skip: Mapping[str, np.ndarray],
+                 step: float = FD_STEP):
     scale = max(float(np.abs(n).max(initial=0.0)) for n in numericals.values())
     rows = []
     for name, numerical in numericals.items():
         mask = skip.get(name)
         label = name if mask is None else f"{name} ({int(mask.sum())} constant skipped)"
         rows.append(compare_gradients(label, analytic[name], numerical, mask, scale))
-    return GradcheckReport(title, "full", rows)
+    return GradcheckReport(title, "full", rows, step)
 
 
 def _directional(objective: Callable[[], float], arrays: Sequence[np.ndarray],
@@ -210,13 +213,13 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
             if perturbing is not None:
                 perturbing(name)
             numericals[name] = _one_at_a_time(objective, array, skip.get(name), step)
-        return _full_report(title, numericals, analytic, skip)
+        return _full_report(title, numericals, analytic, skip, step)
     names = list(tensors)
     arrays = [tensors[name] for name in names]
     if buffer is not None:                  # one array to move: gradcheck_module laid them so
         arrays = [buffer]
     originals = [array.copy() for array in arrays]
-    step *= max([1.0] + [float(np.abs(array).max(initial=0.0)) for array in arrays])
+    moved = step * max([1.0] + [float(np.abs(array).max(initial=0.0)) for array in arrays])
     # every tensor's direction is a piece of one draw (the same numbers as one draw per tensor,
     # in order), and <analytic, v> one dot product over the pieces laid end to end
     ends = np.cumsum([array.size for array in arrays])
@@ -231,11 +234,11 @@ def _check(title: str, objective: Callable[[], float], tensors: Mapping[str, np.
         vs = [whole] if buffer is not None else \
             [piece.reshape(array.shape)
              for piece, array in zip(np.split(whole, ends[:-1]), arrays)]
-        numerical = _directional(objective, arrays, originals, vs, step)
+        numerical = _directional(objective, arrays, originals, vs, moved)
         predicted = float(gradient @ whole)
         label = f"direction {k} over {len(names)} tensor{'s' * (len(names) != 1)}"
         rows.append(compare_gradients(label, np.array(predicted), np.array(numerical)))
-    return GradcheckReport(title, "fast", rows)
+    return GradcheckReport(title, "fast", rows, step)
 
 
 def _laid_buffer(laid: Sequence[np.ndarray], arrays: Sequence[np.ndarray]) -> np.ndarray | None:
@@ -268,7 +271,32 @@ def _gradients_by_name(grads, float_names: list[str]) -> dict[str, np.ndarray]:
         return dict(grads)
     if isinstance(grads, np.ndarray) or grads is None:
         grads = (grads,)
+    if not isinstance(grads, (tuple, list)):
+        raise TypeError("backward must return the inputs' gradients: an array, a tuple or list "
+                        "of them (one per float input, in order) or a dict by name; got "
+                        f"{validate.kind_of(grads)}")
     return {name: g for name, g in zip(float_names, grads) if g is not None}
+
+
+def _settings(seed, fast, directions, step) -> tuple[int, bool, int, float]:
+    """A check's settings, each refused by name unless it is what it must be (a check of no
+    direction would compare nothing and print 'all passed'; a step of 0 divides by zero)."""
+    return (validate.non_negative_int("seed", seed), validate.flag("fast", fast),
+            validate.positive_int("directions", directions),
+            validate.number("step", step, low=0.0, low_open=True))
+
+
+def _forward_result(result, title: str):
+    """(out, cache) of a forward's first call, or a TypeError saying what it returned."""
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise TypeError(f"{title}: forward must return a pair (out, cache); got "
+                        f"{validate.kind_of(result)}")
+    out = result[0]
+    if not (_is_float(out) or isinstance(out, (float, np.floating))):
+        raise TypeError(f"{title}: forward must return (out, cache) with out a float array or "
+                        f"number; got out of {validate.kind_of(out)}"
+                        + (f" (dtype {out.dtype})" if isinstance(out, np.ndarray) else ""))
+    return result
 
 
 def gradcheck(forward: Callable, backward: Callable, inputs, *, wrt: Sequence[str] | None = None,
@@ -280,6 +308,7 @@ def gradcheck(forward: Callable, backward: Callable, inputs, *, wrt: Sequence[st
     Float arrays are copied to float64 first; `wrt` restricts the check to some of them
     (e.g. not a float mask). Returns a GradcheckReport: print it, or test `.passed`.
     """
+    seed, fast, directions, step = _settings(seed, fast, directions, step)
     positional = not isinstance(inputs, Mapping)
     named = {f"input{i}": v for i, v in enumerate(inputs)} if positional else dict(inputs)
     arguments = {name: value.astype(np.float64) if _is_float(value) else value
@@ -290,19 +319,23 @@ def gradcheck(forward: Callable, backward: Callable, inputs, *, wrt: Sequence[st
         if name not in float_names:
             raise ValueError(f"wrt names {name!r}, which is not a float array among the inputs "
                              f"({', '.join(float_names) or 'none'})")
+    if not wrt:
+        given = ", ".join(f"{name} {validate.kind_of(value)[2:]}" for name, value in named.items())
+        raise ValueError("nothing to check: no float array among the inputs, or wrt is empty "
+                         f"(got {given or 'no inputs'})")
 
     def call():
         return forward(*arguments.values()) if positional else forward(**arguments)
 
     rng = np.random.default_rng(seed)
-    out, cache = call()
+    name = title or getattr(forward, "__name__", "forward")
+    out, cache = _forward_result(call(), name)
     dout = rng.standard_normal(np.shape(out))
     grads = _gradients_by_name(backward(dout, cache), float_names)
     missing = [name for name in wrt if name not in grads]
     if missing:
         raise ValueError(f"backward returned no gradient for {', '.join(missing)}")
     objective = _objective(dout, call)
-    name = title or getattr(forward, "__name__", "forward")
     return _check(name, objective, {n: arguments[n] for n in wrt}, grads, fast, directions,
                   step, rng, {})
 
@@ -639,11 +672,19 @@ def gradcheck_module(module: Module, *inputs, wrt_inputs: bool = True, parameter
     backward returns (one array, or a tuple aligned with the float inputs); parameter gradients
     are read from Parameter.grad after zero_grad().
     """
+    if not isinstance(module, Module):
+        raise TypeError(f"module must be a numpy_tf Module; got {validate.kind_of(module)}")
+    seed, fast, directions, step = _settings(seed, fast, directions, step)
+    validate.flag("wrt_inputs", wrt_inputs)
+    validate.flag("parameters", parameters)
     module = module.astype(np.float64)
     arguments = [value.astype(np.float64) if _is_float(value) else value for value in inputs]
     kwargs = dict(forward_kwargs or {})
     float_positions = [i for i, value in enumerate(arguments) if _is_float(value)]
     named = list(module.named_parameters()) if parameters else []
+    if not named and not (wrt_inputs and float_positions):
+        raise ValueError(f"nothing to check: {type(module).__name__} has no Parameter and no "
+                         "float input among those chosen (wrt_inputs, parameters)")
     rng = np.random.default_rng(seed)
     if fast:            # the copies' arrays, in the order the check lists them, in one buffer
         moved = ([arguments[i] for i in float_positions] if wrt_inputs else []) + \
@@ -659,7 +700,7 @@ def gradcheck_module(module: Module, *inputs, wrt_inputs: bool = True, parameter
     def call():
         return module.forward(*arguments, **kwargs)
 
-    out, cache = call()
+    out, cache = _forward_result(call(), title or type(module).__name__)
     dout = rng.standard_normal(np.shape(out))
     dinputs = module.backward(dout, cache)          # into the copy's fresh (zero) gradients
     if isinstance(dinputs, np.ndarray) or dinputs is None:
@@ -715,7 +756,7 @@ def _full_module_check(title, module, objective, tensors, analytic, step, rng, s
                     replay.perturbing(name)
                     numericals[name] = _by_copies(copies, replay, objective, name, array,
                                                   skip.get(name), step, reference)
-                return _full_report(title, numericals, analytic, skip)
+                return _full_report(title, numericals, analytic, skip, step)
     return _check(title, objective, tensors, analytic, False, 0, step, rng, skip)
 
 
