@@ -219,6 +219,34 @@ def test_norms_of_an_old_history_say_what_is_missing(tmp_path):
         read_history(tmp_path / "nowhere")
 
 
+@pytest.mark.parametrize("plot", [plot_loss, plot_norms])
+@pytest.mark.parametrize("history, error, message", [
+    ([1.0, 2.0], TypeError, "history must be read_history's dict, a history.csv or a run "
+                            "folder; got list"),
+    (None, TypeError, "got NoneType"),
+    ({}, ValueError, "history must hold the columns step.* .*got no columns"),
+    ({"loss": [1.0, 0.5]}, ValueError, "got 'loss'"),
+    ({"step": [1, 2, 3], "loss": [1.0, 0.5]}, ValueError,
+     r"history\['loss'\] must be one number per step, as step \(3,\); got shape \(2,\)"),
+    ({"step": [1, 2], "loss": ["a", "b"]}, TypeError, r"history\['loss'\] must be numbers"),
+])
+def test_a_history_that_is_not_one_is_refused_by_name(plot, history, error, message):
+    """These were NumPy's or Python's own errors: KeyError 'step', 'path must be a file path'
+    (an argument the caller did not pass), a shape mismatch inside matplotlib."""
+    with pytest.raises(error, match=message):
+        plot(history)
+
+
+def test_a_picture_path_or_range_of_the_wrong_kind_is_refused_by_name():
+    history = {"step": [1, 2, 3], "loss": [2.0, 1.5, 1.2]}
+    assert plot_loss(history) is not None                   # lists of numbers are a history
+    with pytest.raises(TypeError, match="path must be None or a file path ending in .png or "
+                                        ".svg; got int"):
+        plot_loss(history, path=3)
+    with pytest.raises(TypeError, match="low must be a real number; got None"):
+        plot_activations(None)
+
+
 # -- positions --------------------------------------------------------------------------------
 def test_sinusoidal_plot_shows_the_table(tmp_path):
     figure = plot_sinusoidal(40, 16, path=tmp_path / "s.png")

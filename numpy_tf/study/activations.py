@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core import validate
 from ..layers.activations import (gelu_backward, gelu_forward, relu_backward, relu_forward,
                                   silu_backward, silu_forward)
 from .figure import check_path, finish, new_figure
@@ -35,6 +36,7 @@ def plot_activations(low: float = -4.0, high: float = 4.0, *, path=None):
     derivatives, from each backward. Returns the Figure (two axes); saves it to `path` if
     given (.png or .svg)."""
     path = check_path(path)
+    low, high = validate.number("low", low), validate.number("high", high)
     if not low < high:
         raise ValueError(f"low must be below high; got low={low}, high={high}")
     x = np.linspace(low, high, 801)

@@ -22,6 +22,9 @@ from .figure import check_path, finish, new_figure, token_label
 def attention_maps(cache) -> list[np.ndarray]:
     """Every attention layer's probabilities, in forward order (a decoder layer's self-
     attention before its cross-attention), found by walking the nested cache."""
+    if not isinstance(cache, tuple):
+        raise TypeError("cache must be the cache a model's or layer's forward returned (out, "
+                        f"cache = model.forward(ids)); got {validate.kind_of(cache)}")
     found: list[np.ndarray] = []
 
     def walk(node) -> None:

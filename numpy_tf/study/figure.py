@@ -9,6 +9,7 @@ axes) and, given `path`, also saves it there:
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 SUFFIXES = (".png", ".svg")
@@ -19,6 +20,9 @@ def check_path(path) -> Path | None:
     """`path` as a Path, refused before any drawing unless it ends in .png or .svg."""
     if path is None:
         return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be None or a file path ending in .png or .svg; got "
+                        f"{type(path).__name__}")
     path = Path(path)
     if path.suffix.lower() not in SUFFIXES:
         raise ValueError(f"path must end in .png or .svg (the picture's format); got "

@@ -9,6 +9,7 @@ group's gradient and update norms, step by step.
 from __future__ import annotations
 
 import csv
+import os
 
 import numpy as np
 
@@ -50,8 +51,31 @@ def read_history(path) -> dict[str, np.ndarray]:
         raise bad_file(path, f"a cell is not a number ({error})") from None
 
 
-def _history(history) -> dict[str, np.ndarray]:
-    return history if isinstance(history, dict) else read_history(history)
+def _history(history, needs: tuple = ("step", "loss")) -> dict[str, np.ndarray]:
+    """read_history's dict (or one like it: a 1-D array of numbers per column, the columns
+    `needs` among them, all of one length), or the history.csv or run folder it reads."""
+    if not isinstance(history, dict):
+        if not isinstance(history, (str, os.PathLike)):
+            raise TypeError("history must be read_history's dict, a history.csv or a run "
+                            f"folder; got {type(history).__name__}")
+        return read_history(history)
+    if any(column not in history for column in needs):
+        raise ValueError(f"history must hold the columns {' and '.join(needs)} "
+                         f"(read_history's dict); got "
+                         f"{', '.join(map(repr, history)) or 'no columns'}")
+    columns = {}
+    for column, values in history.items():
+        try:
+            columns[column] = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"history[{column!r}] must be numbers, one per step; got "
+                            f"{type(values).__name__}") from None
+    steps = columns["step"].shape
+    for column, values in columns.items():
+        if values.ndim != 1 or values.shape != steps:
+            raise ValueError(f"history[{column!r}] must be one number per step, as step "
+                             f"{steps}; got shape {values.shape}")
+    return columns
 
 
 def smoothed(values: np.ndarray, window: int) -> np.ndarray:
@@ -122,7 +146,7 @@ def plot_norms(history, *, path=None):
     gradients vanish or explode, or that stops moving, stands out. `history` as in plot_loss.
     Returns the Figure (two axes); saves it to `path` if given (.png or .svg)."""
     path = check_path(path)
-    history = _history(history)
+    history = _history(history, needs=("step",))
     found = {kind: group_columns(history, kind) for kind in GROUP_KINDS}
     if not found["grad_norm"] or not found["update_norm"]:
         raise ValueError("the history has no grad_norm:<group> and update_norm:<group> "
