@@ -261,3 +261,30 @@ def test_a_copy_made_while_recording_runs_its_own_code():
     assert recorder.activations == {}                   # copies are not the recorded model
     assert not [name for name, module in single.named_modules()
                 if {"forward", "backward"} & set(vars(module))]
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda nt: nt.count_parameters(None), TypeError,
+     "model must be a numpy_tf Module; got a NoneType"),
+    (lambda nt: nt.parameter_breakdown([1, 2]), TypeError, "model must be a numpy_tf Module"),
+    (lambda nt: nt.decay_groups(3.5, 0.1), TypeError, "model must be a numpy_tf Module"),
+    (lambda nt: nt.nearest("x", "x", "x"), TypeError, "model must be a numpy_tf CBOW; got a str"),
+    (lambda nt: nt.window_count(3.5, 2, 1), ValueError,
+     "num_tokens must be a non-negative integer; got 3.5"),
+    (lambda nt: nt.window_count(10, 2, 0), ValueError, "stride must be a positive integer"),
+    (lambda nt: nt.attention_maps(None), TypeError,
+     "cache must be the cache a model's or layer's forward returned"),
+    (lambda nt: nt.inverse_frequencies(None, 10000.0, np.float64), ValueError,
+     "width must be a positive integer; got None"),
+    (lambda nt: nt.inverse_frequencies(7, 10000.0, np.float64), ValueError,
+     "width must be even"),
+    (lambda nt: nt.inverse_frequencies(8, 0.0, np.float64), ValueError, "base must be a number"),
+])
+def test_public_helpers_refuse_the_wrong_kind_of_argument_by_name(call, error, message):
+    """Each was an AttributeError ('NoneType' object has no attribute 'num_parameters'), a
+    count of a window of 3.5 tokens, an empty list of maps for a cache of None, or an empty
+    table of frequencies for a width of None."""
+    import numpy_tf
+
+    with pytest.raises(error, match=message):
+        call(numpy_tf)

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from .module import FLOAT_DTYPES
+from .module import FLOAT_DTYPES, Module
 
 
 def _describe_ndim(ndim) -> str:
@@ -111,6 +111,13 @@ def ids_in_range(name: str, ids: np.ndarray, size: int, *, allowed_extra: int | 
         extra = f" (or {allowed_extra})" if allowed_extra is not None else ""
         raise ValueError(f"{name} must be integers in [0, {size}){extra}; got {value} at "
                          f"position {position}")
+
+
+def module(name: str, value, kind: type = Module, what: str = "a numpy_tf Module"):
+    """`value` is a `kind` (a Module, or a model class), else a TypeError naming it."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what}; got {kind_of(value)}")
+    return value
 
 
 def choice(name: str, value, allowed) -> None:

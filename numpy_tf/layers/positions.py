@@ -35,6 +35,9 @@ def inverse_frequencies(width: int, base: float, dtype) -> np.ndarray:
     (almost always) correctly rounded, NumPy's is off by up to 0.9 ulp (9 of the 64 entries
     differ for head_dim 128), and at position 4096 one ulp of omega moves the angle by 2e-4.
     The exponents, the reciprocal and everything after stay in `dtype`."""
+    width = validate.even_positive_int("width", width, "sin and cos in pairs")
+    base = validate.number("base", base, low=0.0, low_open=True)
+    dtype = float_dtype(dtype)
     exponents = np.arange(0, width, 2, dtype=dtype) / width                 # (width/2,) 2i/width
     powers = (base ** exponents.astype(np.float64)).astype(dtype)           # base^(2i/width)
     return 1.0 / powers

@@ -63,14 +63,14 @@ from .gpt import GPTConfig
 
 def count_parameters(model: Module) -> int:
     """Trainable scalars, a tied Parameter counted once (as torch's sum over parameters())."""
-    return model.num_parameters()
+    return validate.module("model", model).num_parameters()
 
 
 def parameter_breakdown(model: Module) -> "OrderedDict[str, int]":
     """Counts per top-level component (`tokens`, `blocks.0`, ..., `output`), in model order; a
     tied Parameter is counted under the first name that reaches it."""
     groups: OrderedDict[str, int] = OrderedDict()
-    for name, parameter in model.named_parameters():
+    for name, parameter in validate.module("model", model).named_parameters():
         parts = name.split(".")
         key = ".".join(parts[:2] if parts[1:2] and parts[1].isdigit() else parts[:1])
         groups[key] = groups.get(key, 0) + parameter.size

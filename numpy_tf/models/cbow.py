@@ -123,6 +123,10 @@ def nearest(model: CBOW, vocabulary: Vocabulary, word: str, k: int = 5) -> list[
     """The k words whose embedding rows have the largest cosine similarity to `word`'s, best
     first, as (word, similarity); the word itself is left out (its similarity is always 1).
     Ties go to the smaller id. A zero row has similarity 0 to everything."""
+    validate.module("model", model, CBOW, "a numpy_tf CBOW")
+    validate.module("vocabulary", vocabulary, Vocabulary, "a numpy_tf Vocabulary")
+    if not isinstance(word, str):
+        raise TypeError(f"word must be a str; got {type(word).__name__}")
     if len(vocabulary) != model.vocab_size:
         raise ValueError(f"vocabulary has {len(vocabulary)} words but the model's embeddings "
                          f"have {model.vocab_size} rows; they do not belong together")

@@ -16,7 +16,9 @@ def decay_groups(model: Module, weight_decay: float, *,
 
         AdamW(decay_groups(model, 0.1), lr=3e-4)
     """
+    validate.module("model", model)
     weight_decay = validate.number("weight_decay", weight_decay, low=0.0)
+    validate.flag("exclude_embeddings", exclude_embeddings)
     embedding_weights = {id(module.weight) for _, module in model.named_modules()
                          if isinstance(module, Embedding)} if exclude_embeddings else set()
     decay = {"params": [], "param_names": [], "weight_decay": weight_decay}

@@ -37,6 +37,9 @@ IGNORE_INDEX = -100        # the cross-entropy's default ignore_index
 
 def window_count(num_tokens: int, context: int, stride: int) -> int:
     """The number of windows whose inputs and targets are all real text."""
+    num_tokens = validate.non_negative_int("num_tokens", num_tokens)
+    context = validate.positive_int("context", context)
+    stride = validate.positive_int("stride", stride)
     return max(0, (num_tokens - context - 1) // stride + 1)
 
 
