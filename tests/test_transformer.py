@@ -380,3 +380,18 @@ def test_readme_example_with_a_live_torch_transformer():
     grads = interop.to_torch(module, "transformer", kwargs, grads=True)
     for key, parameter in reference.named_parameters():
         np.testing.assert_allclose(grads[key], parameter.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_seq2seq_loss_names_a_bad_target_before_the_model_runs():
+    """It was cross-entropy's 'targets must have shape ...' (an argument the caller did not
+    pass), after the whole forward."""
+    objective = Seq2SeqLoss(Seq2Seq(Seq2SeqConfig(), rng=0))
+    ids = np.ones((2, 4), dtype=np.int64)
+    ran = []
+    objective.model.forward = lambda *args, **kwargs: ran.append(1)
+    with pytest.raises(ValueError, match=r"target must have the shape of decoder_input \(2, 4\) "
+                                         r".*got \(2, 3\)"):
+        objective.forward(ids, ids, np.ones((2, 3), dtype=np.int64))
+    with pytest.raises(TypeError, match="target must be integers; got dtype float64"):
+        objective.forward(ids, ids, np.ones((2, 4)))
+    assert not ran

@@ -164,6 +164,11 @@ class Seq2SeqLoss(_ModelLoss):
 
     def forward(self, src_ids, decoder_input, target, src_key_padding_mask=None,
                 tgt_key_padding_mask=None, rng=None):
+        validate.integer_array("target", target)        # before the model runs, by its name
+        if target.shape != np.shape(decoder_input):
+            raise ValueError(f"target must have the shape of decoder_input "
+                             f"{np.shape(decoder_input)} (one target per decoder position, -100 "
+                             f"at padding); got {target.shape}")
         logits, model_cache = self.model.forward(src_ids, decoder_input, src_key_padding_mask,
                                                  tgt_key_padding_mask, rng)
         return self._loss(logits, model_cache, target)
