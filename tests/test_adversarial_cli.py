@@ -203,6 +203,12 @@ def test_sample_usage_mistakes_are_one_line(tmp_path, capsys, arguments, message
     _one_line(capsys, "numpy-tf sample: ", message)
 
 
+def test_gradcheck_usage_mistake_is_one_line(capsys):
+    """It was NumPy's 'expected non-negative integer', naming no option."""
+    assert main(["gradcheck", "gelu", "--seed", "-3"]) == 2
+    _one_line(capsys, "numpy-tf gradcheck: ", "--seed must be a non-negative integer; got -3")
+
+
 @pytest.mark.parametrize("arguments, message", [
     (["--batch", "0"], "--batch must be a positive integer; got 0"),
     (["--seed", "-1"], "--seed must be a non-negative integer; got -1"),

@@ -684,6 +684,7 @@ def explain(args) -> int:
 def gradcheck(args) -> int:
     from ..teaching.layer_table import gradcheck_layer
 
+    _usage(validate.non_negative_int, "--seed", args.seed)
     try:
         report, problems = gradcheck_layer(args.layer, args.shape, args.dtype, args.case,
                                            args.seed)
